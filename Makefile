@@ -1,0 +1,40 @@
+# The README's two commands, `make run` and `make test`, each install what they need first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The CUDA build of jaxlib only where a GPU driver is present.
+EXTRAS := test$(shell command -v nvidia-smi >/dev/null 2>&1 && echo ,cuda12)
+
+.PHONY: install run test test-slow bench lint format clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+run: install
+	$(BIN)/python -m impala_jax.run experiments/cartpole.py
+
+test: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python -m benchmarks.run_all
+
+lint: install
+	$(BIN)/ruff check impala_jax tests experiments benchmarks
+	$(BIN)/ruff format --check impala_jax tests experiments benchmarks
+
+format: install
+	$(BIN)/ruff check --fix impala_jax tests experiments benchmarks
+	$(BIN)/ruff format impala_jax tests experiments benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info
