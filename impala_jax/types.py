@@ -51,5 +51,4 @@ class LearnerState:
     params: Any
     opt_state: Any
     update_step: jax.Array  # int32 scalar: learner updates applied
-    env_steps: jax.Array  # int32 scalar: num_env_steps_sampled_lifetime, drives schedules
     key: jax.Array

@@ -1,0 +1,181 @@
+"""Host-side buffering between EnvRunners and the learner.
+
+fragments --(LearnerQueue, bounded)--> Batcher --(loader threads: stack, device_put)--> prefetch
+slots --> learner. Replay slots live on the learner devices (see learner.py), so mixin replay
+costs no host-device traffic.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from impala_jax.metrics import Timers
+from impala_jax.types import Trajectory
+
+
+class LearnerQueueTimeout(RuntimeError):
+    pass
+
+
+class LearnerQueue:
+    """Bounded fragment queue (``learner_queue_size``); waits are bounded by a timeout."""
+
+    def __init__(self, maxsize: int, timeout: float):
+        self._q: queue.Queue = queue.Queue(maxsize)
+        self.timeout = timeout
+
+    def put(self, item, stop: threading.Event) -> bool:
+        """Blocks while full; False when ``stop`` is set before there is room."""
+        while not stop.is_set():
+            try:
+                self._q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def get(self, stop: threading.Event | None = None):
+        waited = 0.0
+        while True:
+            try:
+                return self._q.get(timeout=min(0.1, self.timeout))
+            except queue.Empty:
+                waited += min(0.1, self.timeout)
+                if stop is not None and stop.is_set():
+                    return None
+                if waited >= self.timeout:
+                    raise LearnerQueueTimeout(
+                        f"no sample arrived for {self.timeout:g} s "
+                        f"(training(learner_queue_timeout={self.timeout:g})). The env runners are "
+                        "slower than that or stalled: raise learner_queue_timeout for slow envs."
+                    ) from None
+
+    def qsize(self) -> int:
+        return self._q.qsize()
+
+
+class Batcher:
+    """Cuts fragments into batches of exactly ``columns`` trajectories along B."""
+
+    def __init__(self, columns: int):
+        self.columns = columns
+        self._parts: list[Trajectory] = []
+        self._have = 0
+
+    def add(self, traj: Trajectory) -> list[list[Trajectory]]:
+        """Adds a fragment; returns the complete batches (as lists of column slices)."""
+        out = []
+        while traj is not None:
+            need = self.columns - self._have
+            b = traj.reward.shape[1]
+            if b <= need:
+                self._parts.append(traj)
+                self._have += b
+                traj = None
+            else:
+                self._parts.append(_columns(traj, slice(0, need)))
+                self._have += need
+                traj = _columns(traj, slice(need, b))
+            if self._have == self.columns:
+                out.append(self._parts)
+                self._parts, self._have = [], 0
+        return out
+
+
+def _columns(traj: Trajectory, cols: slice) -> Trajectory:
+    return Trajectory(*(x[cols] if x.ndim == 1 else x[:, cols] for x in traj))
+
+
+def stack(parts: list[Trajectory]) -> Trajectory:
+    """Concatenates fragments along B (param_version is [B], the rest time-major)."""
+    if len(parts) == 1:
+        return parts[0]
+    return Trajectory(
+        *(
+            np.concatenate(xs, axis=0 if xs[0].ndim == 1 else 1)
+            for xs in zip(*parts, strict=True)
+        )
+    )
+
+
+class Loader:
+    """``num_gpu_loader_threads`` threads: fragments -> batches -> device, into prefetch slots.
+
+    The batcher is shared under a lock so no thread hoards half a batch; stacking and the
+    host-to-device copy run outside it, in parallel. ``num_multi_gpu_tower_stacks`` bounds how
+    many device batches wait for the learner.
+    """
+
+    def __init__(
+        self,
+        source: LearnerQueue,
+        batcher: Batcher,
+        to_device: Callable[[Trajectory], object],
+        num_threads: int,
+        num_slots: int,
+        stop: threading.Event,
+    ):
+        self._source = source
+        self._batcher = batcher
+        self._to_device = to_device
+        self._stop = stop
+        self._lock = threading.Lock()
+        self._ready: list[list[Trajectory]] = []
+        self.slots: queue.Queue = queue.Queue(num_slots)
+        self.timers = Timers()
+        self.error: BaseException | None = None
+        self.threads = [
+            threading.Thread(target=self._run, name=f"loader-{i}", daemon=True)
+            for i in range(num_threads)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _next_parts(self):
+        with self._lock:
+            while not self._ready:
+                traj = self._source.get(self._stop)
+                if traj is None:
+                    return None
+                self._ready.extend(self._batcher.add(traj))
+            return self._ready.pop(0)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                parts = self._next_parts()
+                if parts is None:
+                    return
+                with self.timers.time("stack"):
+                    host = stack(parts)
+                with self.timers.time("transfer"):
+                    item = (self._to_device(host), host.param_version)
+                while not self._stop.is_set():
+                    try:
+                        self.slots.put(item, timeout=0.05)
+                        break
+                    except queue.Full:
+                        continue
+        except LearnerQueueTimeout as err:
+            self.error = err
+        except BaseException as err:
+            self.error = err
+
+    def get(self, timeout: float):
+        waited = 0.0
+        while True:
+            if self.error is not None:
+                raise self.error
+            try:
+                return self.slots.get(timeout=0.05)
+            except queue.Empty:
+                waited += 0.05
+                if waited >= timeout:
+                    raise LearnerQueueTimeout(
+                        f"the learner waited {timeout:g} s for a batch "
+                        f"(training(learner_queue_timeout={timeout:g})); raise it for slow envs."
+                    ) from None

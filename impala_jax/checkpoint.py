@@ -1,0 +1,61 @@
+"""Checkpoints: arrays through orbax, config and counters as JSON; nothing pickled.
+
+A checkpoint is a directory ``arrays/`` (orbax) + ``state.json``. It is written into a
+temporary sibling directory and renamed into place at the end, so a process killed during a
+save leaves the previous checkpoint (or none), never a half-written one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+STATE_FILE = "state.json"
+ARRAYS_DIR = "arrays"
+
+
+def save(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict) -> Path:
+    import orbax.checkpoint as ocp
+
+    path = Path(path).absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            ckptr.save(tmp / ARRAYS_DIR, arrays)
+            ckptr.wait_until_finished()
+        with open(tmp / STATE_FILE, "w") as f:
+            json.dump(meta, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
+    import orbax.checkpoint as ocp
+
+    path = Path(path).absolute()
+    if not (path / STATE_FILE).is_file() or not (path / ARRAYS_DIR).is_dir():
+        raise FileNotFoundError(
+            f"{path} is not an impala_jax checkpoint (expected {STATE_FILE} and {ARRAYS_DIR}/)."
+        )
+    with open(path / STATE_FILE) as f:
+        meta = json.load(f)
+    with ocp.StandardCheckpointer() as ckptr:
+        arrays = ckptr.restore(path / ARRAYS_DIR)
+    return {k: np.asarray(v) for k, v in arrays.items()}, meta

@@ -1,0 +1,236 @@
+"""The actor side: a jitted policy stepping vectorised envs into Trajectory fragments.
+
+An EnvRunner owns ``num_envs_per_env_runner`` envs. When that is an even number of at least 8
+they are split into two envpool instances that are stepped in turn: while one group's envs
+step in envpool's C++ threads, this thread runs inference for the other (the double-buffering
+of Sebulba, Hessel et al. 2021). Each group yields its own fragment of ``[T+1, B/2]``.
+
+Per env step the Python work is: recv, one ``act`` call, send, and array writes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from impala_jax.envs import ActionAdapter, VecEnv, make_vec_env
+from impala_jax.metrics import Timers
+from impala_jax.types import Trajectory
+
+
+def make_act_fns(networks, distribution):
+    """The actor's compile boundary: ``act(params, obs, key) -> (action, dist_inputs, key)``."""
+
+    def act(params, obs, key):
+        key, sample_key = jax.random.split(key)
+        dist_inputs, _ = networks.apply(params, obs)
+        return distribution.sample(sample_key, dist_inputs), dist_inputs, key
+
+    def act_greedy(params, obs):
+        dist_inputs, _ = networks.apply(params, obs)
+        return distribution.mode(dist_inputs), dist_inputs
+
+    return jax.jit(act), jax.jit(act_greedy)
+
+
+class ParamStore:
+    """The newest params on the actor device, with a version that counts publications."""
+
+    def __init__(self, params, device):
+        self._device = device
+        self._lock = threading.Lock()
+        self.version = 0
+        self._params = self._to_actor(params)
+
+    def _to_actor(self, params):
+        # A copy, never an alias: the learner donates its buffers on the next step.
+        return jax.device_put(params, self._device, may_alias=False)
+
+    def publish(self, params) -> None:
+        params = self._to_actor(params)
+        with self._lock:
+            self._params = params
+            self.version += 1
+
+    def get(self) -> tuple[Any, int]:
+        with self._lock:
+            return self._params, self.version
+
+
+class _Group:
+    """One VecEnv and the state carried between its fragments."""
+
+    def __init__(self, env: VecEnv, adapter: ActionAdapter):
+        self.env = env
+        self.adapter = adapter
+        n = env.num_envs
+        self.obs = None
+        self.prev_done = np.zeros(n, bool)  # obs is a final observation: next row is a reset row
+        self.episode_return = np.zeros(n, np.float64)
+        self.episode_len = np.zeros(n, np.int64)
+
+
+class EpisodeLog:
+    """Finished episodes (raw-reward return, length), appended by runners, drained by train()."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._episodes: deque = deque()
+
+    def add(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        with self._lock:
+            self._episodes.extend(zip(returns.tolist(), lengths.tolist(), strict=True))
+
+    def drain(self) -> list[tuple[float, int]]:
+        with self._lock:
+            out = list(self._episodes)
+            self._episodes.clear()
+        return out
+
+
+class EnvRunner:
+    """Steps its envs with the newest params and produces Trajectory fragments."""
+
+    def __init__(
+        self,
+        config,
+        index: int,
+        act: Callable,
+        act_greedy: Callable,
+        param_store: ParamStore,
+        seed: int,
+        explore: bool = True,
+        num_envs: int | None = None,
+    ):
+        self.index = index
+        self.T = config.get_rollout_fragment_length()
+        self.explore = explore
+        self._act, self._act_greedy = act, act_greedy
+        self.param_store = param_store
+        self.timers = Timers()
+        self.episodes = EpisodeLog()
+        self.env_steps = 0
+        num_envs = num_envs or config.num_envs_per_env_runner
+        sizes = [num_envs // 2] * 2 if num_envs >= 8 and num_envs % 2 == 0 else [num_envs]
+        self.groups: list[_Group] = []
+        offset = 0
+        for size in sizes:
+            # envpool seeds env i with seed + i: space the seeds so no two envs share one.
+            env = make_vec_env(
+                config.env,
+                size,
+                seed + offset,
+                config.env_config,
+                config.gym_env_vectorize_mode,
+            )
+            adapter = ActionAdapter(
+                env.action_space, config.normalize_actions, config.clip_actions, env.name
+            )
+            self.groups.append(_Group(env, adapter))
+            offset += size
+        self.observation_space = self.groups[0].env.observation_space
+        self.action_space = self.groups[0].env.action_space
+        self._key = jax.random.key(seed)
+        for g in self.groups:
+            g.env.async_reset()
+            g.obs = g.env.recv()[0]
+
+    def sample(self) -> list[Trajectory]:
+        """One fragment of T steps from every env group."""
+        T = self.T
+        params, version = self.param_store.get()
+        bufs = []
+        for g in self.groups:
+            n = g.env.num_envs
+            bufs.append(
+                dict(
+                    obs=np.empty((T + 1, n, *g.obs.shape[1:]), g.obs.dtype),
+                    reward=np.empty((T, n), np.float32),
+                    terminated=np.empty((T, n), bool),
+                    truncated=np.empty((T, n), bool),
+                    valid=np.empty((T, n), np.float32),
+                    action=None,
+                    behaviour_logits=None,
+                )
+            )
+        timers = self.timers
+        for t in range(T):
+            for g, buf in zip(self.groups, bufs, strict=True):
+                buf["obs"][t] = g.obs
+                buf["valid"][t] = ~g.prev_done
+                with timers.time("inference"):
+                    if self.explore:
+                        action, dist_inputs, self._key = self._act(params, g.obs, self._key)
+                    else:
+                        action, dist_inputs = self._act_greedy(params, g.obs)
+                    action = np.asarray(action)
+                    dist_inputs = np.asarray(dist_inputs)
+                if buf["action"] is None:
+                    buf["action"] = np.empty((T, *action.shape), action.dtype)
+                    buf["behaviour_logits"] = np.empty((T, *dist_inputs.shape), np.float32)
+                buf["action"][t] = action
+                buf["behaviour_logits"][t] = dist_inputs
+                with timers.time("env_send"):
+                    g.env.send(g.adapter(action, g.env.num_envs))
+            for g, buf in zip(self.groups, bufs, strict=True):
+                with timers.time("env_recv"):
+                    obs, reward, terminated, truncated = g.env.recv()
+                buf["reward"][t] = reward
+                buf["terminated"][t] = terminated
+                buf["truncated"][t] = truncated
+                self._track_episodes(g, reward, terminated | truncated)
+                g.obs = obs
+        out = []
+        for g, buf in zip(self.groups, bufs, strict=True):
+            buf["obs"][T] = g.obs
+            n = g.env.num_envs
+            out.append(Trajectory(param_version=np.full(n, version, np.int32), **buf))
+            self.env_steps += T * n
+        return out
+
+    def _track_episodes(self, g: _Group, reward, done) -> None:
+        # A reset row (prev_done) is not a step of any episode: its reward is 0 by construction.
+        real = ~g.prev_done
+        g.episode_return += reward * real
+        g.episode_len += real
+        g.prev_done = done
+        if done.any():
+            self.episodes.add(g.episode_return[done], g.episode_len[done])
+            g.episode_return[done] = 0.0
+            g.episode_len[done] = 0
+
+    def close(self) -> None:
+        for g in self.groups:
+            g.env.close()
+
+
+class RunnerThread(threading.Thread):
+    """Runs an EnvRunner until stopped, putting fragments on the learner queue."""
+
+    def __init__(self, runner: EnvRunner, put: Callable[[Trajectory], bool], stop: threading.Event):
+        super().__init__(name=f"EnvRunner-{runner.index}", daemon=True)
+        self.runner = runner
+        self._put = put
+        self._stop_event = stop
+        self.error: BaseException | None = None
+        self.error_traceback: str | None = None
+
+    def run(self) -> None:
+        import traceback
+
+        try:
+            while not self._stop_event.is_set():
+                for traj in self.runner.sample():
+                    started = time.perf_counter()
+                    if not self._put(traj):
+                        return
+                    self.runner.timers.add("queue_put_wait", time.perf_counter() - started)
+        except BaseException as err:  # reported by train(), which owns the run
+            self.error = err
+            self.error_traceback = traceback.format_exc()

@@ -1,0 +1,209 @@
+"""The learner's compile boundary: ``learner_step`` per device, and the Learner that runs it.
+
+One step consumes a batch of ``train_batch_size_per_learner`` env steps per device (time-major
+``[T+1, B]``), mixes in replayed columns from the device-resident replay slots
+(``replay_proportion``), and runs ``num_epochs`` passes of minibatch updates inside the same
+compiled program (``lax.scan``). Grads and metrics are averaged over ``LEARNER_AXIS``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from impala_jax import losses, optim, parallel
+from impala_jax.types import LEARNER_AXIS, Batch, LearnerState
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSpec:
+    gamma: float
+    vf_loss_coeff: float
+    entropy_coeff: Any  # float or ((t, v), ...): a schedule in env steps
+    clip_rho_threshold: float
+    clip_pg_rho_threshold: float
+    clip_rewards: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """Static sizes of one learner step, per device."""
+
+    columns: int  # new trajectories per device
+    replay_columns: int  # replayed trajectories mixed in per device
+    replay_slots: int  # replay slots held per device
+    minibatch_columns: int  # trajectories per minibatch per device
+    num_epochs: int
+    shuffle: bool
+
+
+class Replay(NamedTuple):
+    """Replay slots on one device: column-major ``[S, T(+1), ...]`` copies of Batch fields."""
+
+    data: Batch
+    count: jax.Array  # [1] int32: columns ever inserted on this device
+    key: jax.Array  # [1, 2] uint32 raw PRNG key data: slot sampling differs per device
+
+
+def _time_major(x):
+    return jnp.swapaxes(x, 0, 1)
+
+
+def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, step_spec):
+    """Returns the per-device ``learner_step(state, batch, replay, env_steps)``."""
+    entropy_coeff_at = optim.piecewise_linear(loss_spec.entropy_coeff)
+
+    def loss_fn(params, batch: Batch, entropy_coeff):
+        t1, b = batch.obs.shape[:2]
+        dist_inputs, values = networks.apply(
+            params, batch.obs.reshape(t1 * b, *batch.obs.shape[2:])
+        )
+        dist_inputs = dist_inputs.reshape(t1, b, -1)
+        values = values.reshape(t1, b)
+        discount_t = loss_spec.gamma * (1.0 - batch.terminated.astype(jnp.float32))
+        return losses.impala_loss(
+            dist_inputs[:-1],
+            values,
+            batch.behaviour_logits,
+            batch.action,
+            batch.reward,
+            discount_t,
+            batch.valid,
+            distribution=distribution,
+            vf_loss_coeff=loss_spec.vf_loss_coeff,
+            entropy_coeff=entropy_coeff,
+            clip_rho_threshold=loss_spec.clip_rho_threshold,
+            clip_pg_rho_threshold=loss_spec.clip_pg_rho_threshold,
+            clip_rewards=loss_spec.clip_rewards,
+        )
+
+    def mix_replay(batch: Batch, replay: Replay) -> tuple[Batch, Replay]:
+        key, sample_key = jax.random.split(jax.random.wrap_key_data(replay.key[0]))
+        filled = jnp.minimum(replay.count[0], step_spec.replay_slots)
+        idx = jax.random.randint(
+            sample_key, (step_spec.replay_columns,), 0, jnp.maximum(filled, 1)
+        )
+        replayed = jax.tree.map(lambda x: _time_major(x[idx]), replay.data)
+        # Until the first insert the slots hold zeros: mask them out of the loss.
+        replayed = replayed._replace(valid=replayed.valid * (filled > 0))
+        mixed = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), batch, replayed)
+        n_insert = min(step_spec.columns, step_spec.replay_slots)
+        pos = (replay.count[0] + jnp.arange(n_insert)) % step_spec.replay_slots
+        data = jax.tree.map(
+            lambda buf, x: buf.at[pos].set(_time_major(x)[-n_insert:]), replay.data, batch
+        )
+        return mixed, Replay(data, replay.count + n_insert, jax.random.key_data(key)[None])
+
+    def learner_step(state: LearnerState, batch: Batch, replay, env_steps):
+        batch = batch._replace(param_version=None)
+        if step_spec.replay_columns:
+            batch, replay = mix_replay(batch, replay)
+        n_cols = batch.reward.shape[1]
+        mb = step_spec.minibatch_columns
+        n_mb = n_cols // mb
+        entropy_coeff = entropy_coeff_at(env_steps)
+        key, perm_key = jax.random.split(state.key)
+        if step_spec.shuffle:
+            perm_keys = jax.random.split(perm_key, step_spec.num_epochs)
+            order = jax.vmap(lambda k: jax.random.permutation(k, n_cols))(perm_keys)
+        else:
+            order = jnp.tile(jnp.arange(n_cols), (step_spec.num_epochs, 1))
+        order = order.reshape(step_spec.num_epochs * n_mb, mb)
+
+        def update(carry, cols):
+            params, opt_state = carry
+            minibatch = jax.tree.map(lambda x: jnp.take(x, cols, axis=1), batch)
+            grads, metrics = jax.grad(loss_fn, has_aux=True)(params, minibatch, entropy_coeff)
+            grads = jax.lax.pmean(grads, LEARNER_AXIS)
+            metrics = dict(metrics, gradients_default_optimizer_global_norm=optax.global_norm(grads))
+            updates, opt_state = optimizer.update(grads, opt_state, params, env_steps=env_steps)
+            params = optax.apply_updates(params, updates)
+            return (params, opt_state), metrics
+
+        (params, opt_state), metrics = jax.lax.scan(
+            update, (state.params, state.opt_state), order
+        )
+        metrics = jax.tree.map(jnp.mean, metrics)
+        metrics = jax.lax.pmean(metrics, LEARNER_AXIS)
+        metrics["curr_lr"] = optim.current_lr(opt_spec, env_steps)
+        metrics["curr_entropy_coeff"] = entropy_coeff
+        metrics["num_non_finite_updates"] = optim.non_finite_count(opt_state)
+        state = LearnerState(
+            params=params,
+            opt_state=opt_state,
+            update_step=state.update_step + 1,
+            key=key,
+        )
+        return state, replay, metrics
+
+    return learner_step
+
+
+class Learner:
+    """Owns the learner state on the mesh and the compiled step."""
+
+    def __init__(self, networks, distribution, opt_spec, loss_spec, step_spec, devices, key):
+        self.mesh = parallel.make_mesh(devices)
+        self.num_devices = len(devices)
+        self.step_spec = step_spec
+        self.optimizer = optim.make_optimizer(opt_spec)
+        init_key, state_key, replay_key = jax.random.split(key, 3)
+        params = networks.init(init_key)
+        state = LearnerState(
+            params=params,
+            opt_state=self.optimizer.init(params),
+            update_step=jnp.zeros((), jnp.int32),
+            key=state_key,
+        )
+        self.state = parallel.put(state, self.mesh, parallel.REPLICATED)
+        self.replay = ()
+        self._replay_key = replay_key
+        step = make_learner_step(
+            networks, distribution, self.optimizer, opt_spec, loss_spec, step_spec
+        )
+        replay_spec = parallel.LEADING if step_spec.replay_columns else ()
+        self._step = parallel.data_parallel(
+            step,
+            self.mesh,
+            in_specs=(parallel.REPLICATED, parallel.TIME_MAJOR, replay_spec, parallel.REPLICATED),
+            out_specs=(parallel.REPLICATED, replay_spec, parallel.REPLICATED),
+            donate_argnums=(0, 2),
+        )
+
+    def init_replay(self, example: Batch) -> None:
+        """Zeroed slots shaped like one column of ``example`` (a host fragment)."""
+        n = self.num_devices
+        slots = self.step_spec.replay_slots * n
+
+        def zeros(x):
+            x = jnp.asarray(x)
+            return jnp.zeros((slots, x.shape[0], *x.shape[2:]), x.dtype)
+
+        data = jax.tree.map(zeros, example._replace(param_version=None))
+        keys = jax.random.key_data(jax.random.split(self._replay_key, n))
+        replay = Replay(data, jnp.zeros((n,), jnp.int32), keys)
+        self.replay = parallel.put(replay, self.mesh, parallel.LEADING)
+
+    def init_replay_from_leaves(self, leaves: list) -> None:
+        """Replay slots from the flat leaves of a saved ``Replay`` (see IMPALA.get_state)."""
+        *fields, count, key = leaves
+        replay = Replay(Batch(*fields, param_version=None), count, key)
+        self.replay = parallel.put(replay, self.mesh, parallel.LEADING)
+
+    def put_batch(self, batch: Batch) -> Batch:
+        """Host batch -> device batch split along B (time-major axis 1)."""
+        return parallel.put(batch._replace(param_version=None), self.mesh, parallel.TIME_MAJOR)
+
+    def update(self, device_batch: Batch, env_steps: int) -> dict:
+        """One learner step, dispatched asynchronously; metrics stay on device."""
+        if self.step_spec.replay_columns and self.replay == ():
+            self.init_replay(device_batch)
+        env_steps = jnp.asarray(env_steps, jnp.int32)
+        self.state, self.replay, metrics = self._step(
+            self.state, device_batch, self.replay, env_steps
+        )
+        return metrics

@@ -1,0 +1,53 @@
+"""Data parallelism over the "learner" mesh axis, written once.
+
+The learner step is a per-device function that averages over ``LEARNER_AXIS``; it is wrapped
+here with ``jax.shard_map`` under ``jax.jit`` (what ``jax.pmap`` itself lowers to since JAX 0.8).
+Batches are time-major, so they are split along axis 1 (B); params and optimizer state are
+replicated; per-device buffers (replay slots) are split along their leading axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from impala_jax.types import LEARNER_AXIS
+
+REPLICATED = P()
+TIME_MAJOR = P(None, LEARNER_AXIS)  # [T, B, ...]: split B
+LEADING = P(LEARNER_AXIS)  # [N, ...]: split the leading axis
+
+
+def learner_devices(num_learners: int) -> list:
+    """``num_learners`` devices of the default backend; 0 means one local device, as in RLlib."""
+    devices = jax.devices()
+    n = max(1, num_learners)
+    if n > len(devices):
+        raise ValueError(
+            f"learners(num_learners={num_learners}) needs {n} devices but only {len(devices)} "
+            f"are present ({devices[0].platform}); use num_learners<={len(devices)}."
+        )
+    return devices[:n]
+
+
+def make_mesh(devices: Sequence) -> Mesh:
+    return Mesh(np.asarray(devices), (LEARNER_AXIS,))
+
+
+def put(tree, mesh: Mesh, spec: P):
+    """Host or device arrays -> arrays laid out on the mesh with one spec for every leaf."""
+    return jax.device_put(tree, NamedSharding(mesh, spec))
+
+
+def data_parallel(
+    fn: Callable, mesh: Mesh, in_specs: tuple, out_specs, donate_argnums: tuple = ()
+) -> Callable:
+    """The one wrapper: per-device ``fn`` over the mesh, compiled, with buffer donation."""
+    return jax.jit(
+        jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs),
+        donate_argnums=donate_argnums,
+    )
