@@ -1,0 +1,374 @@
+"""Policy and value networks: `make_networks(model_config, obs_space, action_space)` -> init/apply.
+
+Actors and the learner use only the returned `Networks(init, apply, dist_size)`:
+
+- `init(key) -> params`, a plain dict with top-level keys
+    "encoder"     the observation encoder (shared by policy and value when `vf_share_layers`),
+    "pi"          the policy head, including the free `log_std` when `free_log_std`,
+    "vf"          the value head,
+    "vf_encoder"  the value function's own encoder, only when `vf_share_layers=False`.
+  Every value-function parameter sits under a top-level key starting with "vf", and nothing else
+  does: optim.py's separate vf optimizer (`_separate_vf_optimizer`) relies on that.
+- `apply(params, obs [N, *obs_shape]) -> (dist_inputs [N, P], value [N])`, float32; P is
+  `dist_size`: n logits for Discrete(n), mean and log_std concatenated ([mean | log_std], 2A) for
+  a 1-D Box(A).
+
+`model_config` takes RLlib's DefaultModelConfig keys (missing ones get RLlib's defaults) and
+impala_jax's `encoder` ("auto" | "mlp" | "nature_cnn" | "impala_cnn") and `impala_cnn_channels`.
+
+Observations:
+- uint8 input is cast to float32 and divided by 255 inside the network, so actors can ship raw
+  uint8 frames (4x less host->device traffic); any other dtype is cast to float32 unscaled.
+- Image observations (3-D Box) may be channel-first, as envpool's Atari (4, 84, 84) stacks are.
+  Rule: the shape is channel-first when its first dim is <= 4 and its last dim is > 4 (a frame
+  stack or colour depth of at most 4 in front of an image side); it is then transposed to NHWC.
+- Discrete(n) observations are one-hot encoded and go through the MLP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Params = dict[str, Any]
+
+DEFAULT_MODEL_CONFIG: dict[str, Any] = {
+    # RLlib's DefaultModelConfig (see reference/rllib_impala_defaults.md).
+    "fcnet_hiddens": [256, 256],
+    "fcnet_activation": "tanh",
+    "fcnet_use_layernorm": False,
+    "conv_filters": None,
+    "conv_activation": "relu",
+    "head_fcnet_hiddens": [],
+    "head_fcnet_activation": "relu",
+    "free_log_std": False,
+    "log_std_clip_param": 20.0,
+    "vf_share_layers": True,
+    "use_lstm": False,
+    "max_seq_len": 20,
+    "lstm_cell_size": 256,
+    "lstm_use_prev_action": False,
+    "lstm_use_prev_reward": False,
+    # impala_jax's own.
+    "encoder": "auto",
+    "impala_cnn_channels": [16, 32, 32],
+}
+
+ENCODERS = ("auto", "mlp", "nature_cnn", "impala_cnn")
+
+# Nature DQN's conv stack (Mnih et al. 2015, Methods): [out_channels, kernel, stride], VALID.
+NATURE_CONV_FILTERS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+NATURE_DENSE = 512
+# IMPALA deep network (Espeholt et al. 2018, fig. 3, right): its final dense layer.
+IMPALA_DENSE = 256
+
+_ACTIVATIONS: dict[str | None, Callable[[jax.Array], jax.Array]] = {
+    "tanh": jnp.tanh,
+    "relu": nn.relu,
+    "elu": nn.elu,
+    "swish": nn.swish,
+    "silu": nn.silu,
+    "sigmoid": nn.sigmoid,
+    "linear": lambda x: x,
+    None: lambda x: x,
+}
+
+# Orthogonal init with gain sqrt(2) for hidden layers, 0.01 for the policy output and 1.0 for the
+# value output, zero biases: the customary choice for actor-critic agents (cleanrl's PPO/IMPALA
+# scripts; Andrychowicz et al. 2021, "What matters in on-policy RL", found the small policy
+# output scale important because the initial policy is then near uniform / zero-mean).
+_HIDDEN_INIT = nn.initializers.orthogonal(np.sqrt(2.0))
+_PI_INIT = nn.initializers.orthogonal(0.01)
+_VF_INIT = nn.initializers.orthogonal(1.0)
+
+
+class Networks(NamedTuple):
+    """What actors and the learner import: see the module docstring for the contract."""
+
+    init: Callable[[jax.Array], Params]
+    apply: Callable[[Params, jax.Array], tuple[jax.Array, jax.Array]]
+    dist_size: int
+
+
+def _activation(name: str | None, field: str) -> Callable[[jax.Array], jax.Array]:
+    key = name.lower() if isinstance(name, str) else name
+    if key not in _ACTIVATIONS:
+        known = sorted(k for k in _ACTIVATIONS if k is not None)
+        raise ValueError(f"{field}={name!r} is not a known activation; use one of {known}.")
+    return _ACTIVATIONS[key]
+
+
+class MLP(nn.Module):
+    """Dense layers, each Dense -> [LayerNorm] -> activation (RLlib's MLP ordering)."""
+
+    hiddens: Sequence[int]
+    activation: Callable[[jax.Array], jax.Array]
+    use_layernorm: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+        for size in self.hiddens:
+            x = nn.Dense(size, kernel_init=_HIDDEN_INIT)(x)
+            if self.use_layernorm:
+                x = nn.LayerNorm()(x)
+            x = self.activation(x)
+        return x
+
+
+class NatureCNN(nn.Module):
+    """Mnih et al. 2015: convs (VALID padding), flatten, dense 512; input NHWC float."""
+
+    conv_filters: Sequence[Sequence[int]]
+    activation: Callable[[jax.Array], jax.Array]
+
+    @nn.compact
+    def __call__(self, x):
+        for out_channels, kernel, stride in self.conv_filters:
+            x = nn.Conv(
+                out_channels,
+                (kernel, kernel),
+                strides=(stride, stride),
+                padding="VALID",
+                kernel_init=_HIDDEN_INIT,
+            )(x)
+            x = self.activation(x)
+        x = x.reshape((x.shape[0], -1))
+        return self.activation(nn.Dense(NATURE_DENSE, kernel_init=_HIDDEN_INIT)(x))
+
+
+class ResidualBlock(nn.Module):
+    """x + conv(relu(conv(relu(x)))), 3x3 SAME convs keeping the channel count."""
+
+    @nn.compact
+    def __call__(self, x):
+        channels = x.shape[-1]
+        y = nn.relu(x)
+        y = nn.Conv(channels, (3, 3), padding="SAME", kernel_init=_HIDDEN_INIT)(y)
+        y = nn.relu(y)
+        y = nn.Conv(channels, (3, 3), padding="SAME", kernel_init=_HIDDEN_INIT)(y)
+        return x + y
+
+
+class ImpalaCNN(nn.Module):
+    """Espeholt et al. 2018, fig. 3 (right): per channel count a 3x3 conv, a 3x3 stride-2 max-pool
+    and two residual blocks; then relu, flatten, dense 256 with relu. Input NHWC float."""
+
+    channels: Sequence[int]
+
+    @nn.compact
+    def __call__(self, x):
+        for channels in self.channels:
+            x = nn.Conv(channels, (3, 3), padding="SAME", kernel_init=_HIDDEN_INIT)(x)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            x = ResidualBlock()(x)
+            x = ResidualBlock()(x)
+        x = nn.relu(x)
+        x = x.reshape((x.shape[0], -1))
+        return nn.relu(nn.Dense(IMPALA_DENSE, kernel_init=_HIDDEN_INIT)(x))
+
+
+class PolicyHead(nn.Module):
+    """head_fcnet_hiddens MLP, then a linear layer to the distribution inputs.
+
+    For a Box action space the output is [mean | log_std]; with `free_log_std` the log_std is a
+    state-independent parameter (init 0, i.e. std 1) and the layer outputs only the mean. The
+    log_std is clipped to [-log_std_clip_param, log_std_clip_param], as RLlib's heads do.
+    """
+
+    hiddens: Sequence[int]
+    activation: Callable[[jax.Array], jax.Array]
+    num_outputs: int
+    gaussian: bool
+    free_log_std: bool
+    log_std_clip: float | None
+
+    @nn.compact
+    def __call__(self, x):
+        x = MLP(self.hiddens, self.activation)(x)
+        if not self.gaussian:
+            return nn.Dense(self.num_outputs, kernel_init=_PI_INIT)(x)
+        if self.free_log_std:
+            mean = nn.Dense(self.num_outputs, kernel_init=_PI_INIT)(x)
+            log_std = self.param("log_std", nn.initializers.zeros, (self.num_outputs,))
+            log_std = jnp.broadcast_to(log_std, mean.shape)
+        else:
+            out = nn.Dense(2 * self.num_outputs, kernel_init=_PI_INIT)(x)
+            mean, log_std = jnp.split(out, 2, axis=-1)
+        if self.log_std_clip is not None:
+            log_std = jnp.clip(log_std, -self.log_std_clip, self.log_std_clip)
+        return jnp.concatenate([mean, log_std], axis=-1)
+
+
+class ValueHead(nn.Module):
+    """head_fcnet_hiddens MLP, then a linear layer to one value, squeezed to [N]."""
+
+    hiddens: Sequence[int]
+    activation: Callable[[jax.Array], jax.Array]
+
+    @nn.compact
+    def __call__(self, x):
+        x = MLP(self.hiddens, self.activation)(x)
+        return nn.Dense(1, kernel_init=_VF_INIT)(x)[:, 0]
+
+
+def is_channel_first(shape: Sequence[int]) -> bool:
+    """True for a 3-D image shape laid out (C, H, W): first dim <= 4 < last dim."""
+    return len(shape) == 3 and shape[0] <= 4 < shape[-1]
+
+
+def _resolve_encoder(encoder: str, observation_space: gym.Space) -> str:
+    if encoder not in ENCODERS:
+        raise ValueError(f"model_config['encoder']={encoder!r}: expected one of {ENCODERS}.")
+    if isinstance(observation_space, gym.spaces.Discrete):
+        if encoder not in ("auto", "mlp"):
+            raise ValueError(
+                f"encoder={encoder!r} needs image observations, got {observation_space}; "
+                "Discrete observations are one-hot encoded for the 'mlp' encoder."
+            )
+        return "mlp"
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise ValueError(
+            f"Observation space {observation_space} is not supported: use a Box (1-D vector or "
+            "3-D image) or a Discrete space."
+        )
+    shape = observation_space.shape
+    if encoder == "auto":
+        if len(shape) == 1:
+            return "mlp"
+        if len(shape) == 3:
+            return "nature_cnn"
+        raise ValueError(
+            f"Observation space {observation_space} has shape {shape}: 'auto' handles 1-D vectors "
+            "(mlp) and 3-D images (nature_cnn). Set model_config['encoder'] explicitly, e.g. "
+            "'mlp' to flatten it."
+        )
+    if encoder in ("nature_cnn", "impala_cnn") and len(shape) != 3:
+        raise ValueError(
+            f"encoder={encoder!r} needs 3-D image observations, got {observation_space}."
+        )
+    return encoder
+
+
+def _make_encoder(name: str, config: Mapping[str, Any]) -> nn.Module:
+    if name == "mlp":
+        return MLP(
+            tuple(config["fcnet_hiddens"]),
+            _activation(config["fcnet_activation"], "fcnet_activation"),
+            bool(config["fcnet_use_layernorm"]),
+        )
+    if name == "nature_cnn":
+        filters = config["conv_filters"] or NATURE_CONV_FILTERS
+        filters = tuple(tuple(int(v) for v in f) for f in filters)
+        if any(len(f) != 3 for f in filters):
+            raise ValueError(
+                f"conv_filters={config['conv_filters']!r}: expected [[out, kernel, stride], ...]."
+            )
+        return NatureCNN(filters, _activation(config["conv_activation"], "conv_activation"))
+    return ImpalaCNN(tuple(int(c) for c in config["impala_cnn_channels"]))
+
+
+def _make_preprocess(observation_space: gym.Space) -> Callable[[jax.Array], jax.Array]:
+    """Observation batch [N, *obs_shape] -> float32 encoder input, checking the shape."""
+    if isinstance(observation_space, gym.spaces.Discrete):
+        n, start = int(observation_space.n), int(observation_space.start)
+
+        def preprocess(obs):
+            if obs.ndim != 1:
+                raise ValueError(
+                    f"Expected Discrete observations of shape [N], got {obs.shape} for "
+                    f"{observation_space}."
+                )
+            return jax.nn.one_hot(obs - start, n, dtype=jnp.float32)
+
+        return preprocess
+
+    shape = tuple(observation_space.shape)
+    transpose = is_channel_first(shape)
+
+    def preprocess(obs):
+        if tuple(obs.shape[1:]) != shape or obs.ndim != len(shape) + 1:
+            raise ValueError(
+                f"Expected observations of shape [N, {', '.join(map(str, shape))}], got "
+                f"{obs.shape} for {observation_space}."
+            )
+        if obs.dtype == jnp.uint8:
+            x = obs.astype(jnp.float32) / 255.0
+        else:
+            x = obs.astype(jnp.float32)
+        if len(shape) == 3:
+            if transpose:
+                x = jnp.transpose(x, (0, 2, 3, 1))
+            return x
+        return x.reshape((x.shape[0], -1))
+
+    return preprocess
+
+
+def _action_layout(action_space: gym.Space) -> tuple[int, bool]:
+    """(number of head outputs before log_std, whether the action is Gaussian)."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return int(action_space.n), False
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        return int(action_space.shape[0]), True
+    raise ValueError(f"Action space {action_space} is not supported: use Discrete(n) or a 1-D Box.")
+
+
+def make_networks(
+    model_config: Mapping[str, Any] | None, observation_space: gym.Space, action_space: gym.Space
+) -> Networks:
+    """Builds the encoder(s) and heads described by `model_config` for the given spaces."""
+    # Missing keys take RLlib's defaults; keys we do not use (other RLlib ones) are ignored.
+    config = {**DEFAULT_MODEL_CONFIG, **dict(model_config or {})}
+    if config["use_lstm"]:
+        raise ValueError("model_config['use_lstm']=True is not supported yet; set it to False.")
+
+    encoder_name = _resolve_encoder(config["encoder"], observation_space)
+    num_outputs, gaussian = _action_layout(action_space)
+    head_activation = _activation(config["head_fcnet_activation"], "head_fcnet_activation")
+    head_hiddens = tuple(config["head_fcnet_hiddens"])
+    free_log_std = bool(config["free_log_std"]) and gaussian
+    log_std_clip = config["log_std_clip_param"]
+    log_std_clip = None if log_std_clip is None else float(log_std_clip)
+    shared = bool(config["vf_share_layers"])
+
+    preprocess = _make_preprocess(observation_space)
+    encoder = _make_encoder(encoder_name, config)
+    vf_encoder = None if shared else _make_encoder(encoder_name, config)
+    pi_head = PolicyHead(
+        head_hiddens, head_activation, num_outputs, gaussian, free_log_std, log_std_clip
+    )
+    vf_head = ValueHead(head_hiddens, head_activation)
+    dist_size = 2 * num_outputs if gaussian else num_outputs
+
+    # The dtype the env delivers, as JAX holds it (int64 becomes int32 without x64).
+    dummy_obs = jnp.zeros(
+        (1, *observation_space.shape), jax.dtypes.canonicalize_dtype(observation_space.dtype)
+    )
+
+    def init(key: jax.Array) -> Params:
+        k_enc, k_pi, k_vf, k_vf_enc = jax.random.split(key, 4)
+        x = preprocess(dummy_obs)
+        params = {"encoder": encoder.init(k_enc, x)["params"]}
+        features = jax.eval_shape(lambda p: encoder.apply({"params": p}, x), params["encoder"])
+        params["pi"] = pi_head.init(k_pi, jnp.zeros(features.shape, features.dtype))["params"]
+        params["vf"] = vf_head.init(k_vf, jnp.zeros(features.shape, features.dtype))["params"]
+        if vf_encoder is not None:
+            params["vf_encoder"] = vf_encoder.init(k_vf_enc, x)["params"]
+        return params
+
+    def apply(params: Params, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = preprocess(obs)
+        features = encoder.apply({"params": params["encoder"]}, x)
+        dist_inputs = pi_head.apply({"params": params["pi"]}, features)
+        if vf_encoder is not None:
+            features = vf_encoder.apply({"params": params["vf_encoder"]}, x)
+        value = vf_head.apply({"params": params["vf"]}, features)
+        return dist_inputs, value
+
+    return Networks(init=init, apply=apply, dist_size=dist_size)

@@ -1,0 +1,235 @@
+"""networks.py: shapes, dtypes, the params layout, preprocessing, determinism, compile count."""
+
+import chex
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from impala_jax.networks import Networks, is_channel_first, make_networks
+
+SMALL_MLP = {"fcnet_hiddens": [8, 8]}
+CARTPOLE = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
+PENDULUM = (gym.spaces.Box(-8.0, 8.0, (3,), np.float32), gym.spaces.Box(-2.0, 2.0, (1,)))
+ATARI = (gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6))
+
+
+def _obs(space, n, seed=0):
+    rng = np.random.default_rng(seed)
+    if isinstance(space, gym.spaces.Discrete):
+        return jnp.asarray(rng.integers(0, space.n, size=(n,)), jnp.int32)
+    if space.dtype == np.uint8:
+        return jnp.asarray(rng.integers(0, 256, size=(n, *space.shape)), jnp.uint8)
+    return jnp.asarray(rng.normal(size=(n, *space.shape)), jnp.float32)
+
+
+def _check_outputs(nets: Networks, obs, n, p):
+    # Under jit: one compile is much cheaper than op-by-op dispatch for the Atari convs.
+    params = jax.jit(nets.init)(jax.random.key(0))
+    dist_inputs, value = jax.jit(nets.apply)(params, obs)
+    assert nets.dist_size == p
+    assert dist_inputs.shape == (n, p) and dist_inputs.dtype == jnp.float32
+    assert value.shape == (n,) and value.dtype == jnp.float32
+    assert bool(jnp.all(jnp.isfinite(dist_inputs))) and bool(jnp.all(jnp.isfinite(value)))
+    return params, dist_inputs, value
+
+
+def test_cartpole_shapes_and_params_layout():
+    nets = make_networks(SMALL_MLP, *CARTPOLE)
+    params, _, _ = _check_outputs(nets, _obs(CARTPOLE[0], 5), 5, 2)
+    assert set(params) == {"encoder", "pi", "vf"}
+    assert params["encoder"]["Dense_0"]["kernel"].shape == (4, 8)
+
+
+def test_default_config_is_rllibs():
+    # An empty config gives RLlib's default [256, 256] tanh MLP.
+    nets = make_networks({}, *CARTPOLE)
+    params = nets.init(jax.random.key(0))
+    assert params["encoder"]["Dense_0"]["kernel"].shape == (4, 256)
+    assert params["encoder"]["Dense_1"]["kernel"].shape == (256, 256)
+    dist_inputs, value = nets.apply(params, _obs(CARTPOLE[0], 3))
+    assert dist_inputs.shape == (3, 2) and value.shape == (3,)
+
+
+@pytest.mark.parametrize("encoder", ["nature_cnn", "impala_cnn"])
+def test_atari_shapes(encoder):
+    nets = make_networks({"encoder": encoder}, *ATARI)
+    params, _, _ = _check_outputs(nets, _obs(ATARI[0], 2), 2, 6)
+    # envpool's (4, 84, 84) is channel-first: the first conv sees 4 input channels.
+    assert params["encoder"]["Conv_0"]["kernel"].shape[2] == 4
+
+
+def test_auto_encoder_picks_nature_cnn_for_images():
+    nets = make_networks({}, *ATARI)
+    params = jax.eval_shape(nets.init, jax.random.key(0))
+    assert params["encoder"]["Conv_0"]["kernel"].shape == (8, 8, 4, 32)
+    assert params["encoder"]["Dense_0"]["kernel"].shape == (7 * 7 * 64, 512)
+
+
+def test_conv_filters_override_and_channel_last_images():
+    obs_space = gym.spaces.Box(0, 255, (16, 16, 3), np.uint8)
+    nets = make_networks(
+        {"conv_filters": [[4, 4, 2], [8, 3, 1]]}, obs_space, gym.spaces.Discrete(3)
+    )
+    params, _, _ = _check_outputs(nets, _obs(obs_space, 2), 2, 3)
+    assert params["encoder"]["Conv_0"]["kernel"].shape == (4, 4, 3, 4)
+    assert params["encoder"]["Conv_1"]["kernel"].shape == (3, 3, 4, 8)
+    assert params["encoder"]["Dense_0"]["kernel"].shape == (5 * 5 * 8, 512)
+
+
+def test_channel_first_rule():
+    assert is_channel_first((4, 84, 84))
+    assert is_channel_first((3, 64, 64))
+    assert not is_channel_first((84, 84, 4))
+    assert not is_channel_first((64, 64, 3))
+    assert not is_channel_first((4,))
+
+
+def test_channel_first_matches_transposed_channel_last():
+    cf_space = gym.spaces.Box(0, 255, (2, 12, 12), np.uint8)
+    cl_space = gym.spaces.Box(0, 255, (12, 12, 2), np.uint8)
+    config = {"encoder": "impala_cnn", "impala_cnn_channels": [4]}
+    cf = make_networks(config, cf_space, gym.spaces.Discrete(2))
+    cl = make_networks(config, cl_space, gym.spaces.Discrete(2))
+    params = cf.init(jax.random.key(1))
+    obs = _obs(cf_space, 2)
+    out_cf = cf.apply(params, obs)
+    out_cl = cl.apply(params, jnp.transpose(obs, (0, 2, 3, 1)))
+    chex.assert_trees_all_close(out_cf, out_cl, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("free_log_std", [False, True])
+def test_box_actions(free_log_std):
+    nets = make_networks({**SMALL_MLP, "free_log_std": free_log_std}, *PENDULUM)
+    params, dist_inputs, _ = _check_outputs(nets, _obs(PENDULUM[0], 4), 4, 2)
+    head_out = params["pi"]["Dense_0"]["kernel"].shape[-1]
+    if free_log_std:
+        assert head_out == 1
+        np.testing.assert_array_equal(params["pi"]["log_std"], np.zeros(1))
+        # State-independent: every row has the same log_std, the parameter's value.
+        params["pi"]["log_std"] = jnp.asarray([-0.7])
+        dist_inputs, _ = nets.apply(params, _obs(PENDULUM[0], 4))
+        np.testing.assert_allclose(dist_inputs[:, 1], -0.7, rtol=1e-6)
+    else:
+        assert head_out == 2
+        assert "log_std" not in params["pi"]
+
+
+def test_log_std_is_clipped():
+    nets = make_networks({**SMALL_MLP, "free_log_std": True, "log_std_clip_param": 2.0}, *PENDULUM)
+    params = nets.init(jax.random.key(0))
+    params["pi"]["log_std"] = jnp.asarray([-50.0])
+    dist_inputs, _ = nets.apply(params, _obs(PENDULUM[0], 3))
+    np.testing.assert_allclose(dist_inputs[:, 1], -2.0)
+
+
+def test_head_hiddens():
+    nets = make_networks({**SMALL_MLP, "head_fcnet_hiddens": [5]}, *CARTPOLE)
+    params, _, _ = _check_outputs(nets, _obs(CARTPOLE[0], 2), 2, 2)
+    assert params["pi"]["MLP_0"]["Dense_0"]["kernel"].shape == (8, 5)
+    assert params["vf"]["MLP_0"]["Dense_0"]["kernel"].shape == (8, 5)
+
+
+def test_separate_value_encoder_does_not_touch_policy():
+    nets = make_networks({**SMALL_MLP, "vf_share_layers": False}, *CARTPOLE)
+    params = nets.init(jax.random.key(0))
+    assert set(params) == {"encoder", "pi", "vf", "vf_encoder"}
+    # Everything of the value function, and only that, is under a key starting with "vf".
+    assert [k for k in params if k.startswith("vf")] == ["vf", "vf_encoder"]
+    obs = _obs(CARTPOLE[0], 3)
+    logits, value = nets.apply(params, obs)
+    changed = dict(params)
+    changed["vf_encoder"] = jax.tree.map(lambda x: x + 1.0, params["vf_encoder"])
+    logits2, value2 = nets.apply(changed, obs)
+    np.testing.assert_array_equal(logits, logits2)
+    assert not np.allclose(value, value2)
+
+
+def test_shared_encoder_moves_both_outputs():
+    nets = make_networks(SMALL_MLP, *CARTPOLE)
+    params = nets.init(jax.random.key(0))
+    obs = _obs(CARTPOLE[0], 3)
+    logits, value = nets.apply(params, obs)
+    changed = dict(params)
+    changed["encoder"] = jax.tree.map(lambda x: x + 0.5, params["encoder"])
+    logits2, value2 = nets.apply(changed, obs)
+    assert not np.allclose(logits, logits2) and not np.allclose(value, value2)
+
+
+def test_uint8_observations_are_scaled_inside():
+    obs_space = gym.spaces.Box(0, 255, (2, 10, 10), np.uint8)
+    nets = make_networks({"conv_filters": [[4, 3, 1]]}, obs_space, gym.spaces.Discrete(2))
+    params = nets.init(jax.random.key(0))
+    obs = _obs(obs_space, 2)
+    out_uint8 = nets.apply(params, obs)
+    out_float = nets.apply(params, obs.astype(jnp.float32) / 255.0)
+    chex.assert_trees_all_close(out_uint8, out_float, rtol=1e-5, atol=1e-6)
+
+
+def test_layernorm_and_activation_options():
+    config = {"fcnet_hiddens": [6], "fcnet_use_layernorm": True, "fcnet_activation": "relu"}
+    nets = make_networks(config, *CARTPOLE)
+    params, _, _ = _check_outputs(nets, _obs(CARTPOLE[0], 2), 2, 2)
+    assert "LayerNorm_0" in params["encoder"]
+
+
+def test_discrete_observations_are_one_hot():
+    obs_space = gym.spaces.Discrete(7)
+    nets = make_networks(SMALL_MLP, obs_space, gym.spaces.Discrete(3))
+    params, _, _ = _check_outputs(nets, _obs(obs_space, 4), 4, 3)
+    assert params["encoder"]["Dense_0"]["kernel"].shape == (7, 8)
+    # One-hot: observation k reads row k of the first kernel.
+    params["encoder"]["Dense_0"]["kernel"] = jnp.zeros((7, 8)).at[2].set(1.0)
+    a = nets.apply(params, jnp.asarray([2, 3], jnp.int32))[0]
+    b = nets.apply(params, jnp.asarray([2, 2], jnp.int32))[0]
+    np.testing.assert_array_equal(a[0], b[1])
+    assert not np.allclose(a[0], a[1])
+
+
+def test_init_is_deterministic_for_a_key():
+    nets = make_networks({**SMALL_MLP, "vf_share_layers": False}, *CARTPOLE)
+    chex.assert_trees_all_equal(nets.init(jax.random.key(3)), nets.init(jax.random.key(3)))
+    a, b = nets.init(jax.random.key(3)), nets.init(jax.random.key(4))
+    assert not np.allclose(a["encoder"]["Dense_0"]["kernel"], b["encoder"]["Dense_0"]["kernel"])
+
+
+def test_small_policy_output_init():
+    nets = make_networks(SMALL_MLP, *CARTPOLE)
+    params = nets.init(jax.random.key(0))
+    # Orthogonal with scale 0.01 for the policy output, 1.0 for the value output.
+    assert float(jnp.abs(params["pi"]["Dense_0"]["kernel"]).max()) <= 0.01 + 1e-6
+    np.testing.assert_allclose(jnp.linalg.norm(params["vf"]["Dense_0"]["kernel"]), 1.0, rtol=1e-5)
+
+
+def test_apply_compiles_once_per_shape():
+    nets = make_networks(SMALL_MLP, *CARTPOLE)
+    params = nets.init(jax.random.key(0))
+    apply = jax.jit(chex.assert_max_traces(nets.apply, n=1))
+    for seed in range(3):
+        apply(params, _obs(CARTPOLE[0], 4, seed))
+
+
+@pytest.mark.parametrize(
+    "config,spaces,match",
+    [
+        ({"use_lstm": True}, CARTPOLE, "use_lstm"),
+        ({"encoder": "resnet"}, CARTPOLE, "encoder"),
+        ({"encoder": "nature_cnn"}, CARTPOLE, "nature_cnn"),
+        ({"fcnet_activation": "gelu_tanh_x"}, CARTPOLE, "fcnet_activation"),
+        ({}, (gym.spaces.MultiDiscrete([2, 3]), gym.spaces.Discrete(2)), "MultiDiscrete"),
+        ({}, (gym.spaces.Box(0, 1, (3, 3)), gym.spaces.Discrete(2)), r"\(3, 3\)"),
+        ({}, (CARTPOLE[0], gym.spaces.MultiBinary(3)), "MultiBinary"),
+        ({}, (CARTPOLE[0], gym.spaces.Box(-1, 1, (2, 2))), "Box"),
+    ],
+)
+def test_errors(config, spaces, match):
+    with pytest.raises(ValueError, match=match):
+        make_networks(config, *spaces)
+
+
+def test_wrong_observation_shape_raises():
+    nets = make_networks(SMALL_MLP, *CARTPOLE)
+    params = nets.init(jax.random.key(0))
+    with pytest.raises(ValueError, match="shape"):
+        nets.apply(params, jnp.zeros((2, 5)))
