@@ -379,9 +379,7 @@ class IMPALA:
         }
 
     def set_state(self, state: dict) -> None:
-        template = self.learner.state.replace(
-            key=jax.random.key_data(self.learner.state.key)
-        )
+        template = self.learner.state.replace(key=jax.random.key_data(self.learner.state.key))
         treedef = jax.tree.structure(template)
         restored: LearnerState = jax.tree.unflatten(treedef, list(state["learner"]))
         restored = restored.replace(key=jax.random.wrap_key_data(np.asarray(restored.key)))

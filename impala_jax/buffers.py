@@ -95,10 +95,7 @@ def stack(parts: list[Trajectory]) -> Trajectory:
     if len(parts) == 1:
         return parts[0]
     return Trajectory(
-        *(
-            np.concatenate(xs, axis=0 if xs[0].ndim == 1 else 1)
-            for xs in zip(*parts, strict=True)
-        )
+        *(np.concatenate(xs, axis=0 if xs[0].ndim == 1 else 1) for xs in zip(*parts, strict=True))
     )
 
 

@@ -196,7 +196,10 @@ def check_spaces(vec: VecEnv) -> None:
             f"env {vec.name!r}: observation space {obs} is not supported; use a Box or Discrete "
             "observation space (wrap Dict/Tuple observations with a gymnasium FlattenObservation)."
         )
-    if not (isinstance(act, gym.spaces.Discrete) or (isinstance(act, gym.spaces.Box) and len(act.shape) == 1)):
+    if not (
+        isinstance(act, gym.spaces.Discrete)
+        or (isinstance(act, gym.spaces.Box) and len(act.shape) == 1)
+    ):
         vec.close()
         raise ValueError(
             f"env {vec.name!r}: action space {act} is not supported; impala_jax handles "

@@ -49,8 +49,30 @@ class Replay(NamedTuple):
     key: jax.Array  # [1, 2] uint32 raw PRNG key data: slot sampling differs per device
 
 
+# Loss metrics that are not masked means over rows, and so are not reweighted per device.
+_NOT_MEANS = ("max_rho", "vf_explained_var")
+
+
 def _time_major(x):
     return jnp.swapaxes(x, 0, 1)
+
+
+def mix_replay(batch: Batch, replay: Replay, step_spec: StepSpec) -> tuple[Batch, Replay]:
+    """Appends ``replay_columns`` columns drawn uniformly from the filled slots, then writes
+    the new columns into the ring of slots (per device)."""
+    key, sample_key = jax.random.split(jax.random.wrap_key_data(replay.key[0]))
+    filled = jnp.minimum(replay.count[0], step_spec.replay_slots)
+    idx = jax.random.randint(sample_key, (step_spec.replay_columns,), 0, jnp.maximum(filled, 1))
+    replayed = jax.tree.map(lambda x: _time_major(x[idx]), replay.data)
+    # Until the first insert the slots hold zeros: mask them out of the loss.
+    replayed = replayed._replace(valid=replayed.valid * (filled > 0))
+    mixed = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), batch, replayed)
+    n_insert = min(step_spec.columns, step_spec.replay_slots)
+    pos = (replay.count[0] + jnp.arange(n_insert)) % step_spec.replay_slots
+    data = jax.tree.map(
+        lambda buf, x: buf.at[pos].set(_time_major(x)[-n_insert:]), replay.data, batch
+    )
+    return mixed, Replay(data, replay.count + n_insert, jax.random.key_data(key)[None])
 
 
 def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, step_spec):
@@ -58,6 +80,11 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
     entropy_coeff_at = optim.piecewise_linear(loss_spec.entropy_coeff)
 
     def loss_fn(params, batch: Batch, entropy_coeff):
+        # The loss is a mean over this device's valid rows; weighting it by this device's share
+        # of all valid rows makes the pmean of grads the gradient of the global mean, so N
+        # devices give the same update as one device with the whole batch.
+        valid = jnp.sum(batch.valid)
+        weight = valid / jnp.maximum(jax.lax.pmean(valid, LEARNER_AXIS), 1e-6)
         t1, b = batch.obs.shape[:2]
         dist_inputs, values = networks.apply(
             params, batch.obs.reshape(t1 * b, *batch.obs.shape[2:])
@@ -65,7 +92,7 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
         dist_inputs = dist_inputs.reshape(t1, b, -1)
         values = values.reshape(t1, b)
         discount_t = loss_spec.gamma * (1.0 - batch.terminated.astype(jnp.float32))
-        return losses.impala_loss(
+        loss, metrics = losses.impala_loss(
             dist_inputs[:-1],
             values,
             batch.behaviour_logits,
@@ -80,28 +107,14 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
             clip_pg_rho_threshold=loss_spec.clip_pg_rho_threshold,
             clip_rewards=loss_spec.clip_rewards,
         )
-
-    def mix_replay(batch: Batch, replay: Replay) -> tuple[Batch, Replay]:
-        key, sample_key = jax.random.split(jax.random.wrap_key_data(replay.key[0]))
-        filled = jnp.minimum(replay.count[0], step_spec.replay_slots)
-        idx = jax.random.randint(
-            sample_key, (step_spec.replay_columns,), 0, jnp.maximum(filled, 1)
-        )
-        replayed = jax.tree.map(lambda x: _time_major(x[idx]), replay.data)
-        # Until the first insert the slots hold zeros: mask them out of the loss.
-        replayed = replayed._replace(valid=replayed.valid * (filled > 0))
-        mixed = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), batch, replayed)
-        n_insert = min(step_spec.columns, step_spec.replay_slots)
-        pos = (replay.count[0] + jnp.arange(n_insert)) % step_spec.replay_slots
-        data = jax.tree.map(
-            lambda buf, x: buf.at[pos].set(_time_major(x)[-n_insert:]), replay.data, batch
-        )
-        return mixed, Replay(data, replay.count + n_insert, jax.random.key_data(key)[None])
+        # Masked means become shares of the global mean, so their pmean is the global mean.
+        metrics = {k: v if k in _NOT_MEANS else v * weight for k, v in metrics.items()}
+        return loss * weight, metrics
 
     def learner_step(state: LearnerState, batch: Batch, replay, env_steps):
         batch = batch._replace(param_version=None)
         if step_spec.replay_columns:
-            batch, replay = mix_replay(batch, replay)
+            batch, replay = mix_replay(batch, replay, step_spec)
         n_cols = batch.reward.shape[1]
         mb = step_spec.minibatch_columns
         n_mb = n_cols // mb
@@ -119,16 +132,16 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
             minibatch = jax.tree.map(lambda x: jnp.take(x, cols, axis=1), batch)
             grads, metrics = jax.grad(loss_fn, has_aux=True)(params, minibatch, entropy_coeff)
             grads = jax.lax.pmean(grads, LEARNER_AXIS)
-            metrics = dict(metrics, gradients_default_optimizer_global_norm=optax.global_norm(grads))
+            metrics = dict(metrics, gradients_default_optimizer_global_norm=optax.tree.norm(grads))
             updates, opt_state = optimizer.update(grads, opt_state, params, env_steps=env_steps)
             params = optax.apply_updates(params, updates)
             return (params, opt_state), metrics
 
-        (params, opt_state), metrics = jax.lax.scan(
-            update, (state.params, state.opt_state), order
-        )
+        (params, opt_state), metrics = jax.lax.scan(update, (state.params, state.opt_state), order)
         metrics = jax.tree.map(jnp.mean, metrics)
+        max_rho = jax.lax.pmax(metrics.pop("max_rho"), LEARNER_AXIS)
         metrics = jax.lax.pmean(metrics, LEARNER_AXIS)
+        metrics["max_rho"] = max_rho
         metrics["curr_lr"] = optim.current_lr(opt_spec, env_steps)
         metrics["curr_entropy_coeff"] = entropy_coeff
         metrics["num_non_finite_updates"] = optim.non_finite_count(opt_state)

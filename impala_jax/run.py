@@ -33,7 +33,10 @@ def parse_args(argv):
     parser.add_argument("experiment", help="experiment file defining `config` (and `stop`)")
     parser.add_argument("overrides", nargs="*", help="section.field=value, e.g. training.lr=1e-3")
     parser.add_argument(
-        "--stop", action="append", default=[], metavar="KEY=VALUE",
+        "--stop",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="stop when result KEY (slash path) reaches VALUE; replaces the file's `stop`",
     )
     parser.add_argument("--logdir", default="runs", help="where run directories go (runs/)")
@@ -77,7 +80,9 @@ def apply_overrides(config, overrides: list[str]):
         try:
             method(**{field: _literal(value)})
         except TypeError as err:
-            raise SystemExit(f"error: override {item!r}: {section}() has no field {field!r}") from err
+            raise SystemExit(
+                f"error: override {item!r}: {section}() has no field {field!r}"
+            ) from err
         except ValueError as err:
             raise SystemExit(f"error: override {item!r}: {err}") from err
     return config

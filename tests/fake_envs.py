@@ -1,0 +1,70 @@
+"""Small gymnasium envs whose observations expose the truth the tests check against."""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import numpy as np
+
+GAMMA = 0.9
+
+
+class ReturnEnv(gym.Env):
+    """Observation = (remaining discounted return of the episode, steps taken so far).
+
+    Each episode draws a length in [min_len, max_len] and random rewards; the action is
+    ignored. Wrapped in a TimeLimit of ``max_steps`` (< max_len), some episodes are truncated:
+    their final observation still carries the return the episode would have gone on to earn,
+    which is exactly the bootstrap V-trace must use at a truncation.
+    """
+
+    def __init__(self, config=None):
+        config = dict(config or {})
+        self.min_len = config.get("min_len", 2)
+        self.max_len = config.get("max_len", 12)
+        self.gamma = config.get("gamma", GAMMA)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._rng = np.random.default_rng(config.get("seed", 0))
+
+    def _obs(self):
+        return np.array([self._returns[self._k], self._k], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        n = int(self._rng.integers(self.min_len, self.max_len + 1))
+        self._rewards = self._rng.uniform(-1, 1, n).astype(np.float64)
+        self._returns = np.zeros(n + 1)
+        for k in reversed(range(n)):
+            self._returns[k] = self._rewards[k] + self.gamma * self._returns[k + 1]
+        self._k = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        r = self._rewards[self._k]
+        self._k += 1
+        terminated = self._k == len(self._rewards)
+        return self._obs(), float(r), terminated, False, {}
+
+
+def make_return_env(config):
+    return gym.wrappers.TimeLimit(ReturnEnv(config), max_episode_steps=config.get("max_steps", 7))
+
+
+class SlowEnv(gym.Env):
+    """Sleeps in every step: an env slower than the learner queue timeout."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, config=None):
+        self.delay = dict(config or {}).get("delay", 1.0)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        time.sleep(self.delay)
+        return np.zeros(2, np.float32), 0.0, False, False, {}
