@@ -6,6 +6,7 @@ and learner (learner_step).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -159,7 +160,9 @@ class IMPALA:
             for i in range(config.num_env_runners):
                 runner = self._make_runner(i)
                 self._runners.append(runner)
-                thread = RunnerThread(runner, lambda t: self._queue.put(t, self._stop), self._stop)
+                # The thread must not hold a reference to self: `del algo` has to reach __del__.
+                put = functools.partial(self._queue.put, stop=self._stop)
+                thread = RunnerThread(runner, put, self._stop)
                 self._threads.append(thread)
             for thread in self._threads:
                 thread.start()

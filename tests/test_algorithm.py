@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import jax
@@ -196,6 +197,18 @@ def test_stop_ends_threads_and_debug_modes():
     assert result["num_env_steps_trained_lifetime"] == 0
     assert result["num_env_steps_sampled_lifetime"] > 0
     algo.stop()
+    assert not any(t.name.startswith(("EnvRunner", "loader")) for t in threading.enumerate())
+
+
+@pytest.mark.timeout(120)
+def test_del_ends_threads():
+    algo = small_config(num_env_runners=2).build()
+    algo.train()
+    del algo
+    gc.collect()
+    for t in threading.enumerate():
+        if t.name.startswith(("EnvRunner", "loader")):
+            t.join(timeout=10)
     assert not any(t.name.startswith(("EnvRunner", "loader")) for t in threading.enumerate())
 
 
