@@ -6,7 +6,6 @@ and learner (learner_step).
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 import time
@@ -16,15 +15,24 @@ import jax
 import numpy as np
 
 from impala_jax import checkpoint, parallel
-from impala_jax.buffers import Batcher, LearnerQueue, Loader, stack
+from impala_jax.buffers import Batcher, LearnerQueue, LearnerQueueTimeout, Loader, stack
 from impala_jax.distributions import make_distribution
-from impala_jax.env_runner import EnvRunner, ParamStore, RunnerThread, make_act_fns
+from impala_jax.env_runner import (
+    EnvOutputError,
+    EnvRunner,
+    ParamStore,
+    RunnerThread,
+    make_act_fns,
+)
 from impala_jax.envs import ActionAdapter, make_vec_env
 from impala_jax.learner import Learner, LossSpec, StepSpec
 from impala_jax.metrics import EpisodeStats, Timers, merge_timers
 from impala_jax.networks import make_networks
 from impala_jax.optim import OptimizerSpec
 from impala_jax.types import LearnerState
+
+# Learner updates in a row with non-finite gradients (each skipped) before train() gives up.
+MAX_CONSECUTIVE_NON_FINITE = 10
 
 
 def _step_spec(config, num_devices: int) -> StepSpec:
@@ -113,6 +121,8 @@ class IMPALA:
             epsilon=config.epsilon,
             separate_vf_optimizer=config._separate_vf_optimizer,
             lr_vf=config._lr_vf,
+            # Never apply a non-finite update on device; train() stops the run instead.
+            max_consecutive_non_finite=2**31 - 1,
         )
         entropy = config.resolved_entropy_coeff
         loss_spec = LossSpec(
@@ -149,23 +159,24 @@ class IMPALA:
         self._last_learner_metrics: dict = {}
 
         self._batcher = Batcher(self.step_spec.columns * len(devices))
-        self._runners: list[EnvRunner] = []
-        self._threads: list[RunnerThread] = []
+        self._runners: list[EnvRunner] = []  # live runners: their steps and episodes count
+        self._threads: dict[int, RunnerThread] = {}  # runner slot -> its thread
+        self._pending_restarts: dict[int, float] = {}  # runner slot -> when to restart it
+        self._retired_episodes: list = []
+        self._num_restarts = 0
+        self._num_failures = 0
+        self._consecutive_failures = 0
+        self._num_env_restarts_base = 0
+        self._num_dropped_episodes_base = 0
+        self._last_failure: RunnerThread | None = None
         self._queue = None
         self._loader = None
         if config.num_env_runners == 0:
             self._runners.append(self._make_runner(0))
         else:
-            self._queue = LearnerQueue(config.learner_queue_size, config.learner_queue_timeout)
+            self._queue = LearnerQueue(config.learner_queue_size)
             for i in range(config.num_env_runners):
-                runner = self._make_runner(i)
-                self._runners.append(runner)
-                # The thread must not hold a reference to self: `del algo` has to reach __del__.
-                put = functools.partial(self._queue.put, stop=self._stop)
-                thread = RunnerThread(runner, put, self._stop)
-                self._threads.append(thread)
-            for thread in self._threads:
-                thread.start()
+                self._start_runner(i, seed=self._seed + i * config.num_envs_per_env_runner)
             self._loader = Loader(
                 self._queue,
                 self._batcher,
@@ -175,8 +186,8 @@ class IMPALA:
                 stop=self._stop,
             )
 
-    def _make_runner(self, index: int, explore: bool | None = None, config=None) -> EnvRunner:
-        config = config or self.config
+    def _make_runner(self, index: int, seed: int | None = None) -> EnvRunner:
+        config = self.config
         return EnvRunner(
             config,
             index,
@@ -184,9 +195,33 @@ class IMPALA:
             self._act_greedy,
             self.param_store,
             # envpool seeds env i with seed + i: runners are spaced by their env count.
-            seed=self._seed + index * config.num_envs_per_env_runner,
-            explore=config.explore if explore is None else explore,
+            seed=self._seed + index * config.num_envs_per_env_runner if seed is None else seed,
+            explore=config.explore,
         )
+
+    def _start_runner(self, index: int, seed: int) -> None:
+        cfg = self.config
+        runner = self._make_runner(index, seed)
+        # The thread must not hold a reference to self: `del algo` has to reach __del__.
+        thread = RunnerThread(
+            runner,
+            self._queue.put,
+            restart_envs=cfg.restart_failed_sub_environments,
+            tolerance=cfg.num_consecutive_env_runner_failures_tolerance,
+        )
+        self._runners.append(runner)
+        self._threads[index] = thread
+        thread.start()
+
+    def _retire(self, runner: EnvRunner) -> None:
+        """Keeps a runner's counts and finished episodes when it leaves the live set."""
+        self._runners.remove(runner)
+        self._env_steps_sampled_base += runner.env_steps
+        self._num_env_restarts_base += runner.num_env_restarts
+        self._num_dropped_episodes_base += runner.num_dropped_episodes + int(
+            sum(np.count_nonzero(g.episode_len) for g in runner.groups)
+        )
+        self._retired_episodes.extend(runner.episodes.drain())
 
     # ---------------------------------------------------------------- training
 
@@ -198,24 +233,110 @@ class IMPALA:
         """(device batch, host param versions): sampled here in lockstep, or from the loader."""
         if self._loader is None:
             ready: list = []
-            runner = self._runners[0]
             while not ready:
-                for traj in runner.sample():
+                for traj in self._sample_locally():
                     ready.extend(self._batcher.add(traj))
             host = stack(ready[0])
             with self._timers.time("transfer"):
                 return self.learner.put_batch(host), host.param_version
-        self._check_threads()
+        timeout = self.config.learner_queue_timeout
+        waited = 0.0
         with self._timers.time("learner_wait"):
-            return self._loader.get(self.config.learner_queue_timeout)
+            while True:
+                self._check_threads()
+                # Short waits, so failed or hung runners are handled while the learner waits.
+                item = self._loader.get(timeout=min(0.5, timeout))
+                if item is not None:
+                    return item
+                waited += min(0.5, timeout)
+                if waited >= timeout:
+                    raise LearnerQueueTimeout(
+                        f"the learner waited {timeout:g} s for a batch "
+                        f"(training(learner_queue_timeout={timeout:g})); the env runners are "
+                        "slower than that or stalled: raise learner_queue_timeout for slow envs."
+                    )
+
+    def _sample_locally(self) -> list:
+        """Lockstep sampling; env failures restart the envs when that is configured."""
+        runner = self._runners[0]
+        for attempt in range(self.config.num_consecutive_env_runner_failures_tolerance + 1):
+            try:
+                return runner.sample()
+            except EnvOutputError:
+                raise
+            except Exception:
+                if not self.config.restart_failed_sub_environments:
+                    raise
+                if attempt == self.config.num_consecutive_env_runner_failures_tolerance:
+                    raise
+                runner.restart_envs()
+        raise AssertionError("unreachable")
 
     def _check_threads(self) -> None:
-        for thread in self._threads:
-            if thread.error is not None:
-                self.stop()
-                raise RuntimeError(
-                    f"EnvRunner {thread.runner.index} failed:\n{thread.error_traceback}"
-                ) from thread.error
+        """Failed or hung runners: restart, ignore or raise, as ``fault_tolerance`` says."""
+        cfg = self.config
+        now = time.monotonic()
+        for index, thread in list(self._threads.items()):
+            hung = (
+                thread.error is None
+                and thread.is_alive()
+                and not thread.waiting_on_queue
+                and now - thread.runner.heartbeat > cfg.sample_timeout_s
+            )
+            if thread.error is None and not hung:
+                continue
+            if hung:
+                thread.error = TimeoutError(
+                    f"EnvRunner {index} produced nothing for {cfg.sample_timeout_s:g} s "
+                    f"(env_runners(sample_timeout_s={cfg.sample_timeout_s:g})): marked unhealthy, "
+                    "its late data is dropped."
+                )
+                thread.error_traceback = repr(thread.error)
+            # An abandoned thread drops whatever it still produces and closes its envs.
+            thread.stop_event.set()
+            del self._threads[index]
+            self._retire(thread.runner)
+            self._num_failures += 1
+            self._consecutive_failures += 1
+            self._last_failure = thread
+            fatal = isinstance(thread.error, EnvOutputError)
+            if (
+                not fatal
+                and cfg.restart_failed_env_runners
+                and (
+                    self._num_restarts + len(self._pending_restarts)
+                    < cfg.max_num_env_runner_restarts
+                )
+            ):
+                self._pending_restarts[index] = now + cfg.delay_between_env_runner_restarts_s
+            elif fatal or not cfg.ignore_env_runner_failures:
+                self._raise_runner_failure(thread, "and fault_tolerance() does not recover it")
+            if self._consecutive_failures > cfg.num_consecutive_env_runner_failures_tolerance:
+                self._raise_runner_failure(
+                    thread,
+                    f"after {self._consecutive_failures} consecutive failures "
+                    "(fault_tolerance(num_consecutive_env_runner_failures_tolerance="
+                    f"{cfg.num_consecutive_env_runner_failures_tolerance}))",
+                )
+        for index, due in list(self._pending_restarts.items()):
+            if now >= due:
+                del self._pending_restarts[index]
+                self._num_restarts += 1
+                # A fresh seed block per restart, after every first-generation runner's block.
+                n = cfg.num_envs_per_env_runner
+                seed = self._seed + (cfg.num_env_runners + self._num_restarts) * n
+                self._start_runner(index, seed)
+        if not self._threads and not self._pending_restarts:
+            self._raise_runner_failure(self._last_failure, "and no healthy EnvRunner is left")
+
+    def _raise_runner_failure(self, thread: RunnerThread | None, why: str) -> None:
+        if thread is None:
+            raise RuntimeError(f"no EnvRunner is running {why}.")
+        self.stop()
+        raise RuntimeError(
+            f"EnvRunner {thread.runner.index} failed {why}: {thread.error}\n"
+            f"original traceback:\n{thread.error_traceback}"
+        ) from thread.error
 
     def training_step(self) -> None:
         cfg = self.config
@@ -243,6 +364,7 @@ class IMPALA:
         started = time.perf_counter()
         sampled0 = self.num_env_steps_sampled_lifetime
         trained0 = self._env_steps_trained
+        failures0 = self._num_failures
         while True:
             self.training_step()
             elapsed = time.perf_counter() - started
@@ -257,6 +379,17 @@ class IMPALA:
         with self._timers.time("learner_fetch"):
             # The one device->host fetch of the iteration; it also waits for the last step.
             learner = {k: float(v) for k, v in jax.device_get(self._last_learner_metrics).items()}
+        if self._num_failures == failures0:
+            self._consecutive_failures = 0
+        bad = learner.get("num_consecutive_non_finite_updates", 0)
+        if bad >= MAX_CONSECUTIVE_NON_FINITE:
+            self.stop()
+            raise FloatingPointError(
+                f"the last {int(bad)} learner updates all had non-finite gradients and were "
+                "skipped; training stopped. The params are those of the last finite update and "
+                "checkpoints already written are intact. Check the env's rewards and "
+                "observations, or lower training(lr=...) / set training(grad_clip=...)."
+            )
         elapsed = time.perf_counter() - started
         self._iteration += 1
         self._time_total += elapsed
@@ -267,7 +400,7 @@ class IMPALA:
         return result
 
     def _result(self, elapsed: float, sampled0: int, trained0: int, learner: dict) -> dict:
-        new_episodes = []
+        new_episodes, self._retired_episodes = self._retired_episodes, []
         for runner in self._runners:
             new_episodes.extend(runner.episodes.drain())
         self._episodes.add(new_episodes)
@@ -300,8 +433,15 @@ class IMPALA:
                 "learner_queue_size": self._queue.qsize() if self._queue else 0,
             },
             "fault_tolerance": {
-                "num_healthy_workers": sum(t.is_alive() for t in self._threads),
-                "num_remote_worker_restarts": 0,
+                "num_healthy_workers": sum(
+                    t.is_alive() and t.error is None for t in self._threads.values()
+                ),
+                "num_remote_worker_restarts": self._num_restarts,
+                "num_env_runner_failures": self._num_failures,
+                "num_env_restarts": self._num_env_restarts_base
+                + sum(r.num_env_restarts for r in self._runners),
+                "num_dropped_episodes": self._num_dropped_episodes_base
+                + sum(r.num_dropped_episodes for r in self._runners),
             },
         }
 
@@ -442,13 +582,17 @@ class IMPALA:
             return
         self._stopped = True
         self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=10)
+        threads = list(self._threads.values())
+        for thread in threads:
+            thread.stop_event.set()
+        for thread in threads:
+            thread.join(timeout=10)  # each runner thread closes its own envs on its way out
         if self._loader is not None:
             for thread in self._loader.threads:
                 thread.join(timeout=10)
-        for runner in self._runners:
-            runner.close()
+        if not threads:
+            for runner in self._runners:
+                runner.close()
         if self._eval_runner is not None:
             self._eval_runner.close()
 

@@ -22,11 +22,15 @@ class LearnerQueueTimeout(RuntimeError):
 
 
 class LearnerQueue:
-    """Bounded fragment queue (``learner_queue_size``); waits are bounded by a timeout."""
+    """Bounded fragment queue (``learner_queue_size``) between runner threads and loaders.
 
-    def __init__(self, maxsize: int, timeout: float):
+    Both sides poll with short waits so that a stop request (or an abandoned runner) is seen
+    promptly; how long the learner may wait in all is enforced by the algorithm
+    (``learner_queue_timeout``).
+    """
+
+    def __init__(self, maxsize: int):
         self._q: queue.Queue = queue.Queue(maxsize)
-        self.timeout = timeout
 
     def put(self, item, stop: threading.Event) -> bool:
         """Blocks while full; False when ``stop`` is set before there is room."""
@@ -38,21 +42,14 @@ class LearnerQueue:
                 continue
         return False
 
-    def get(self, stop: threading.Event | None = None):
-        waited = 0.0
-        while True:
+    def get(self, stop: threading.Event):
+        """The next fragment, or None once ``stop`` is set."""
+        while not stop.is_set():
             try:
-                return self._q.get(timeout=min(0.1, self.timeout))
+                return self._q.get(timeout=0.05)
             except queue.Empty:
-                waited += min(0.1, self.timeout)
-                if stop is not None and stop.is_set():
-                    return None
-                if waited >= self.timeout:
-                    raise LearnerQueueTimeout(
-                        f"no sample arrived for {self.timeout:g} s "
-                        f"(training(learner_queue_timeout={self.timeout:g})). The env runners are "
-                        "slower than that or stalled: raise learner_queue_timeout for slow envs."
-                    ) from None
+                continue
+        return None
 
     def qsize(self) -> int:
         return self._q.qsize()
@@ -157,22 +154,16 @@ class Loader:
                         break
                     except queue.Full:
                         continue
-        except LearnerQueueTimeout as err:
-            self.error = err
-        except BaseException as err:
+        except BaseException as err:  # raised in the learner's thread by get()
             self.error = err
 
     def get(self, timeout: float):
-        waited = 0.0
-        while True:
+        """The next (device batch, param versions), or None after ``timeout`` seconds."""
+        if self.error is not None:
+            raise self.error
+        try:
+            return self.slots.get(timeout=timeout)
+        except queue.Empty:
             if self.error is not None:
-                raise self.error
-            try:
-                return self.slots.get(timeout=0.05)
-            except queue.Empty:
-                waited += 0.05
-                if waited >= timeout:
-                    raise LearnerQueueTimeout(
-                        f"the learner waited {timeout:g} s for a batch "
-                        f"(training(learner_queue_timeout={timeout:g})); raise it for slow envs."
-                    ) from None
+                raise self.error from None
+            return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +62,10 @@ class ParamStore:
     def get(self) -> tuple[Any, int]:
         with self._lock:
             return self._params, self.version
+
+
+class EnvOutputError(ValueError):
+    """An env returned something impala_jax cannot train on; restarting will not help."""
 
 
 class _Group:
@@ -116,30 +121,77 @@ class EnvRunner:
         self.timers = Timers()
         self.episodes = EpisodeLog()
         self.env_steps = 0
+        self._config = config
+        self._seed = seed
+        self._check = not config.disable_env_checking
+        self.num_env_restarts = 0
+        self.num_dropped_episodes = 0
+        self.heartbeat = time.monotonic()
         num_envs = num_envs or config.num_envs_per_env_runner
-        sizes = [num_envs // 2] * 2 if num_envs >= 8 and num_envs % 2 == 0 else [num_envs]
+        self._sizes = [num_envs // 2] * 2 if num_envs >= 8 and num_envs % 2 == 0 else [num_envs]
         self.groups: list[_Group] = []
-        offset = 0
-        for size in sizes:
-            # envpool seeds env i with seed + i: space the seeds so no two envs share one.
-            env = make_vec_env(
-                config.env,
-                size,
-                seed + offset,
-                config.env_config,
-                config.gym_env_vectorize_mode,
-            )
-            adapter = ActionAdapter(
-                env.action_space, config.normalize_actions, config.clip_actions, env.name
-            )
-            self.groups.append(_Group(env, adapter))
-            offset += size
+        self._key = jax.random.key(seed)
+        self._make_envs(seed)
         self.observation_space = self.groups[0].env.observation_space
         self.action_space = self.groups[0].env.action_space
-        self._key = jax.random.key(seed)
+
+    def _make_envs(self, seed: int) -> None:
+        config = self._config
+        offset = 0
+        for size in self._sizes:
+            # envpool seeds env i with seed + i: space the seeds so no two envs share one.
+            env = make_vec_env(
+                config.env, size, seed + offset, config.env_config, config.gym_env_vectorize_mode
+            )
+            self.groups.append(
+                _Group(
+                    env,
+                    ActionAdapter(
+                        env.action_space, config.normalize_actions, config.clip_actions, env.name
+                    ),
+                )
+            )
+            offset += size
         for g in self.groups:
             g.env.async_reset()
-            g.obs = g.env.recv()[0]
+            g.obs = self._checked(g, g.env.recv()[0], None)
+
+    def restart_envs(self) -> None:
+        """Closes and rebuilds every env after a failure; unfinished episodes are dropped."""
+        for g in self.groups:
+            self.num_dropped_episodes += int(np.count_nonzero(g.episode_len))
+            try:
+                g.env.close()
+            except Exception:  # the env is already broken; its replacement matters
+                pass
+        self.groups = []
+        self.num_env_restarts += 1
+        # Fresh seeds, so a restarted env does not replay the episode that broke it.
+        self._make_envs(self._seed + 7919 * self.num_env_restarts * sum(self._sizes))
+
+    def _checked(self, g: _Group, obs: np.ndarray, reward) -> np.ndarray:
+        """Shape, dtype and finiteness of what the env returned (``disable_env_checking``)."""
+        space = g.env.observation_space
+        if obs.shape[1:] != space.shape:
+            raise EnvOutputError(
+                f"env {g.env.name!r} (EnvRunner {self.index}) returned observations of shape "
+                f"{obs.shape[1:]}, but its observation space {space} says {space.shape}; fix "
+                "the env or its observation_space."
+            )
+        if not self._check:
+            return obs
+        if obs.dtype.kind == "f" and not np.isfinite(obs).all():
+            raise EnvOutputError(
+                f"env {g.env.name!r} (EnvRunner {self.index}) returned a non-finite observation; "
+                "fix the env, or allow it with environment(disable_env_checking=True)."
+            )
+        if reward is not None and not np.isfinite(reward).all():
+            raise EnvOutputError(
+                f"env {g.env.name!r} (EnvRunner {self.index}) returned a non-finite reward "
+                f"{reward[~np.isfinite(reward)][0]}; fix the env, or allow it with "
+                "environment(disable_env_checking=True)."
+            )
+        return obs
 
     def sample(self) -> list[Trajectory]:
         """One fragment of T steps from every env group."""
@@ -181,6 +233,7 @@ class EnvRunner:
             for g, buf in zip(self.groups, bufs, strict=True):
                 with timers.time("env_recv"):
                     obs, reward, terminated, truncated = g.env.recv()
+                obs = self._checked(g, obs, reward)
                 buf["reward"][t] = reward
                 buf["terminated"][t] = terminated
                 buf["truncated"][t] = truncated
@@ -192,6 +245,7 @@ class EnvRunner:
             n = g.env.num_envs
             out.append(Trajectory(param_version=np.full(n, version, np.int32), **buf))
             self.env_steps += T * n
+        self.heartbeat = time.monotonic()
         return out
 
     def _track_episodes(self, g: _Group, reward, done) -> None:
@@ -206,31 +260,57 @@ class EnvRunner:
             g.episode_len[done] = 0
 
     def close(self) -> None:
-        for g in self.groups:
+        groups, self.groups = self.groups, []
+        for g in groups:
             g.env.close()
 
 
 class RunnerThread(threading.Thread):
-    """Runs an EnvRunner until stopped, putting fragments on the learner queue."""
+    """Runs an EnvRunner until stopped or abandoned, putting fragments on the learner queue.
 
-    def __init__(self, runner: EnvRunner, put: Callable[[Trajectory], bool], stop: threading.Event):
+    With ``restart_failed_sub_environments`` an exception while sampling rebuilds the envs and
+    sampling goes on (the partial fragment is dropped); otherwise, or after
+    ``num_consecutive_env_runner_failures_tolerance`` failures in a row, the thread ends with
+    ``error`` set and the algorithm decides (restart, ignore, or raise).
+    """
+
+    def __init__(self, runner: EnvRunner, put: Callable, restart_envs: bool, tolerance: int):
         super().__init__(name=f"EnvRunner-{runner.index}", daemon=True)
         self.runner = runner
         self._put = put
-        self._stop_event = stop
+        self._restart_envs = restart_envs
+        self._tolerance = tolerance
+        self.stop_event = threading.Event()  # set by stop() or when the runner is abandoned
         self.error: BaseException | None = None
         self.error_traceback: str | None = None
+        self.waiting_on_queue = False
 
     def run(self) -> None:
-        import traceback
-
+        failures = 0
         try:
-            while not self._stop_event.is_set():
-                for traj in self.runner.sample():
+            while not self.stop_event.is_set():
+                try:
+                    fragments = self.runner.sample()
+                    failures = 0
+                except EnvOutputError:
+                    raise
+                except Exception:
+                    failures += 1
+                    if not self._restart_envs or failures > self._tolerance:
+                        raise
+                    self.runner.restart_envs()
+                    continue
+                for traj in fragments:
                     started = time.perf_counter()
-                    if not self._put(traj):
+                    # Waiting for room in the queue is back-pressure from the learner, not a hang.
+                    self.waiting_on_queue = True
+                    if not self._put(traj, self.stop_event):
                         return
+                    self.waiting_on_queue = False
+                    self.runner.heartbeat = time.monotonic()
                     self.runner.timers.add("queue_put_wait", time.perf_counter() - started)
         except BaseException as err:  # reported by train(), which owns the run
-            self.error = err
             self.error_traceback = traceback.format_exc()
+            self.error = err
+        finally:
+            self.runner.close()

@@ -145,6 +145,7 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
         metrics["curr_lr"] = optim.current_lr(opt_spec, env_steps)
         metrics["curr_entropy_coeff"] = entropy_coeff
         metrics["num_non_finite_updates"] = optim.non_finite_count(opt_state)
+        metrics["num_consecutive_non_finite_updates"] = optim.consecutive_non_finite(opt_state)
         state = LearnerState(
             params=params,
             opt_state=opt_state,

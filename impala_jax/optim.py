@@ -224,6 +224,11 @@ def current_lr(spec: OptimizerSpec, env_steps: jax.Array) -> jax.Array:
     return piecewise_linear(spec.lr)(env_steps)
 
 
+def consecutive_non_finite(opt_state: optax.ApplyIfFiniteState) -> jax.Array:
+    """Non-finite updates in a row, up to and including the latest (0 after a finite one)."""
+    return opt_state.notfinite_count
+
+
 def non_finite_count(opt_state: optax.ApplyIfFiniteState) -> jax.Array:
     """Total updates skipped (or forced through) because their gradient was not finite."""
     return opt_state.total_notfinite
