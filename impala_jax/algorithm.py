@@ -145,6 +145,7 @@ class IMPALA:
         )
         self._actor_device = devices[0]
         self.param_store = ParamStore(self.learner.state.params, self._actor_device)
+        self._warm_up_act(obs_space)
 
         self.batch_env_steps = self.step_spec.columns * len(devices) * T
         self._episodes = EpisodeStats(config.metrics_num_episodes_for_smoothing)
@@ -186,6 +187,16 @@ class IMPALA:
                 stop=self._stop,
             )
 
+    def _warm_up_act(self, obs_space) -> None:
+        """Compiles ``act`` for the runners' batch shapes before any runner thread starts, so
+        compilation never counts against ``sample_timeout_s``."""
+        params, _ = self.param_store.get()
+        n = self.config.num_envs_per_env_runner
+        sizes = {n // 2, n} if n >= 8 and n % 2 == 0 else {n}
+        for size in sizes:
+            obs = np.zeros((size, *obs_space.shape), obs_space.dtype)
+            jax.block_until_ready(self._act(params, obs, self._actor_key))
+
     def _make_runner(self, index: int, seed: int | None = None) -> EnvRunner:
         config = self.config
         return EnvRunner(
@@ -202,6 +213,7 @@ class IMPALA:
     def _start_runner(self, index: int, seed: int) -> None:
         cfg = self.config
         runner = self._make_runner(index, seed)
+        runner.heartbeat = time.monotonic()
         # The thread must not hold a reference to self: `del algo` has to reach __del__.
         thread = RunnerThread(
             runner,
@@ -524,15 +536,26 @@ class IMPALA:
     def set_state(self, state: dict) -> None:
         template = self.learner.state.replace(key=jax.random.key_data(self.learner.state.key))
         treedef = jax.tree.structure(template)
+        expected = [np.shape(x) for x in jax.tree.leaves(template)]
+        got = [np.shape(x) for x in state["learner"]]
+        if expected != got:
+            raise ValueError(
+                "the checkpoint's learner arrays do not match this config's network and "
+                f"optimizer ({len(got)} arrays vs {len(expected)}, or different shapes); restore "
+                "it with the config it was saved with (IMPALA.from_checkpoint(path))."
+            )
         restored: LearnerState = jax.tree.unflatten(treedef, list(state["learner"]))
         restored = restored.replace(key=jax.random.wrap_key_data(np.asarray(restored.key)))
+        replay = None
+        if state.get("replay") and self.step_spec.replay_columns:
+            leaves = list(state["replay"])
+            n = self.learner.num_devices
+            if len(leaves[-1]) == n and len(leaves[0]) == self.step_spec.replay_slots * n:
+                replay = leaves
+            # Replay slots are per device: onto another device count they start empty.
         self.learner.state = parallel.put(restored, self.learner.mesh, parallel.REPLICATED)
-        if state.get("replay"):
-            if self.learner.replay == ():
-                raise ValueError("checkpoint has replay slots but this config has no replay.")
-            treedef = jax.tree.structure(self.learner.replay)
-            replay = jax.tree.unflatten(treedef, list(state["replay"]))
-            self.learner.replay = parallel.put(replay, self.learner.mesh, parallel.LEADING)
+        if replay is not None:
+            self.learner.init_replay_from_leaves(replay)
         c = state["counters"]
         self._iteration = c["training_iteration"]
         self._time_total = c["time_total_s"]
@@ -546,12 +569,10 @@ class IMPALA:
 
     def save(self, path) -> str:
         state = self.get_state()
-        if self.learner.replay == () and self.step_spec.replay_columns:
-            state["replay"] = []
         arrays = {f"learner_{i:05d}": x for i, x in enumerate(state["learner"])}
         arrays.update({f"replay_{i:05d}": x for i, x in enumerate(state["replay"])})
         meta = {
-            "format": "impala_jax/1",
+            "format": checkpoint.FORMAT,
             "config": _jsonable(self.config.to_dict()),
             "counters": state["counters"],
         }
@@ -561,8 +582,6 @@ class IMPALA:
         arrays, meta = checkpoint.load(path)
         learner = [arrays[k] for k in sorted(arrays) if k.startswith("learner_")]
         replay = [arrays[k] for k in sorted(arrays) if k.startswith("replay_")]
-        if replay and self.learner.replay == ():
-            self.learner.init_replay_from_leaves(replay)
         self.set_state({"learner": learner, "replay": replay, "counters": meta["counters"]})
 
     @classmethod

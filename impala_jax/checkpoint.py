@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+FORMAT = "impala_jax/1"
 STATE_FILE = "state.json"
 ARRAYS_DIR = "arrays"
 
@@ -50,12 +51,26 @@ def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
     import orbax.checkpoint as ocp
 
     path = Path(path).absolute()
+    if not path.exists():
+        # A kill between the two renames of save() leaves the previous checkpoint here.
+        previous = sorted(path.parent.glob(f".{path.name}.old-*"))
+        if previous:
+            path = previous[-1]
     if not (path / STATE_FILE).is_file() or not (path / ARRAYS_DIR).is_dir():
         raise FileNotFoundError(
-            f"{path} is not an impala_jax checkpoint (expected {STATE_FILE} and {ARRAYS_DIR}/)."
+            f"{path} is not an impala_jax checkpoint (expected {STATE_FILE} and {ARRAYS_DIR}/ "
+            "inside it); give the directory that save() returned."
         )
-    with open(path / STATE_FILE) as f:
-        meta = json.load(f)
-    with ocp.StandardCheckpointer() as ckptr:
-        arrays = ckptr.restore(path / ARRAYS_DIR)
+    try:
+        with open(path / STATE_FILE) as f:
+            meta = json.load(f)
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
+        with ocp.StandardCheckpointer() as ckptr:
+            arrays = ckptr.restore(path / ARRAYS_DIR)
+    except Exception as err:
+        raise ValueError(
+            f"{path} is not a readable impala_jax checkpoint ({type(err).__name__}: {err}); "
+            "it is corrupt or was written by another program. Restore an older checkpoint."
+        ) from err
     return {k: np.asarray(v) for k, v in arrays.items()}, meta

@@ -15,6 +15,7 @@ actions (and a C++ env given a NaN torque just integrates it).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -108,6 +109,7 @@ class GymnasiumVecEnv(VecEnv):
         else:
             self.name = getattr(env, "__qualname__", repr(env))
             make_one = lambda: env(dict(env_config))
+        _probe(make_one, self.name)
         fns = [make_one] * num_envs
         mode = gym.vector.AutoresetMode.NEXT_STEP
         if vectorize_mode.lower() == "async":
@@ -134,6 +136,36 @@ class GymnasiumVecEnv(VecEnv):
 
     def close(self) -> None:
         self._env.close()
+
+
+def _probe(make_one: Callable, name: str) -> None:
+    """Builds one env, resets and steps it once: a broken env fails here, clearly named."""
+    try:
+        env = make_one()
+    except Exception as err:
+        raise ValueError(
+            f"env {name!r} raised in its constructor: {type(err).__name__}: {err}. Fix the env "
+            "or its environment(env_config=...)."
+        ) from err
+    try:
+        space = env.observation_space
+        obs, _ = env.reset(seed=0)
+        _check_obs(obs, space, name, "reset()")
+        obs = env.step(env.action_space.sample())[0]
+        _check_obs(obs, space, name, "step()")
+    finally:
+        env.close()
+
+
+def _check_obs(obs, space: gym.Space, name: str, where: str) -> None:
+    obs = np.asarray(obs)
+    if isinstance(space, gym.spaces.Box) and (
+        obs.shape != space.shape or obs.dtype.kind not in "biuf"
+    ):
+        raise ValueError(
+            f"env {name!r}: {where} returned an observation of shape {obs.shape} and dtype "
+            f"{obs.dtype}, but its observation_space is {space}; make them agree."
+        )
 
 
 def _envpool_ids() -> set[str]:
@@ -173,10 +205,12 @@ def make_vec_env(
         elif env in gym.registry:
             vec = GymnasiumVecEnv(env, num_envs, seed, env_config, vectorize_mode)
         else:
+            close = difflib.get_close_matches(env, sorted(_envpool_ids() | set(gym.registry)))
+            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
             raise ValueError(
-                f"environment(env={env!r}): no such env in envpool or in the gymnasium registry. "
-                "Give a registered id (e.g. 'CartPole-v1'), a creator callable/class taking "
-                "env_config, or an import path 'package.module:EnvClass'."
+                f"environment(env={env!r}): no such env in envpool or in the gymnasium registry."
+                f"{hint} Give a registered id (e.g. 'CartPole-v1'), a creator callable/class "
+                "taking env_config, or an import path 'package.module:EnvClass'."
             )
     elif callable(env):
         vec = GymnasiumVecEnv(env, num_envs, seed, env_config, vectorize_mode)

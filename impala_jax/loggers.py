@@ -51,10 +51,12 @@ def json_safe(value: Any) -> Any:
 
 
 def scalars(result: Mapping) -> dict[str, float]:
-    """The numeric leaves of ``result`` under their slash keys (bools as 0/1)."""
+    """The numeric leaves of ``result`` under their slash keys (flags such as ``done`` left out)."""
     out = {}
     for key, value in flatten(dict(result)).items():
-        if isinstance(value, bool | int | float) or (
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int | float) or (
             hasattr(value, "dtype") and getattr(value, "ndim", 1) == 0
         ):
             out[key] = float(value)
@@ -81,12 +83,12 @@ class JsonLogger:
         self._started = time.time()
         self._iterations = 0
 
-    def write(self, result: Mapping, done: bool = False) -> None:
+    def write(self, result: Mapping) -> None:
         self._iterations += 1
         now = time.time()
         line = dict(result)
+        line.setdefault("done", False)
         line.update(
-            done=done,
             timestamp=int(now),
             date=datetime.datetime.fromtimestamp(now).strftime("%Y-%m-%d_%H-%M-%S"),
             pid=os.getpid(),

@@ -68,3 +68,83 @@ class SlowEnv(gym.Env):
     def step(self, action):
         time.sleep(self.delay)
         return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+class FlakyCartPole(gym.Wrapper):
+    """CartPole whose ``step`` raises with probability ``p`` (RLlib's fault-injection env)."""
+
+    def __init__(self, config=None):
+        config = dict(config or {})
+        super().__init__(gym.make("CartPole-v1"))
+        self.p = config.get("p", 0.001)
+        self._rng = np.random.default_rng(config.get("seed", None))
+
+    def step(self, action):
+        if self._rng.random() < self.p:
+            raise RuntimeError("injected env failure")
+        return self.env.step(action)
+
+
+class SeededFault(gym.Env):
+    """Fails (raise or hang) in ``step`` when first reset with a seed >= ``from_seed``.
+
+    Runner i gets seeds ``seed + i * num_envs``, so ``from_seed`` picks which runners fail.
+    """
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, config=None):
+        config = dict(config or {})
+        self.from_seed = config.get("from_seed", 0)
+        self.mode = config.get("mode", "raise")
+        self.hang_s = config.get("hang_s", 5.0)
+        self.faulty = None
+        self._t = 0
+
+    def reset(self, *, seed=None, options=None):
+        if self.faulty is None:
+            self.faulty = seed is not None and seed >= self.from_seed
+        self._t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self._t += 1
+        if self.faulty and self._t > 3:
+            if self.mode == "hang":
+                time.sleep(self.hang_s)
+            else:
+                raise RuntimeError("injected runner failure")
+        return np.zeros(2, np.float32), 1.0, self._t >= 10, False, {}
+
+
+class NaNRewardEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, config=None):
+        pass
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), float("nan"), False, False, {}
+
+
+class WrongShapeEnv(NaNRewardEnv):
+    def step(self, action):
+        return np.zeros(3, np.float32), 0.0, False, False, {}
+
+
+class RaisingConstructorEnv(NaNRewardEnv):
+    def __init__(self, config=None):
+        raise OSError("simulator license not found")
+
+
+class DictObsEnv(NaNRewardEnv):
+    observation_space = gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (2,), np.float32)})
+
+
+class MultiDiscreteActionEnv(NaNRewardEnv):
+    action_space = gym.spaces.MultiDiscrete([2, 3])

@@ -1,0 +1,224 @@
+"""Fault injection, mirroring RLlib's env-runner failure tests, in impala_jax's threads."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from impala_jax.learner import Learner
+from tests.fake_envs import FlakyCartPole, NaNRewardEnv, SeededFault
+from tests.test_algorithm import small_config
+from tests.test_learner import make_learner, random_batch
+
+
+def fault_config(env, num_env_runners=2, **env_config):
+    return (
+        small_config(env, num_env_runners=num_env_runners, num_envs_per_env_runner=2)
+        .environment(env_config=env_config)
+        .training(train_batch_size_per_learner=16, learner_queue_timeout=20)
+        .fault_tolerance(delay_between_env_runner_restarts_s=0.0)
+    )
+
+
+@pytest.mark.timeout(180)
+def test_flaky_envs_are_restarted_and_training_goes_on():
+    config = fault_config(FlakyCartPole, p=0.01).fault_tolerance(
+        restart_failed_sub_environments=True
+    )
+    with config.build() as algo:
+        for _ in range(5):
+            result = algo.train()
+    ft = result["fault_tolerance"]
+    assert ft["num_healthy_workers"] == 2
+    assert ft["num_env_restarts"] > 0
+    assert ft["num_remote_worker_restarts"] == 0
+    assert result["num_env_steps_trained_lifetime"] == 5 * 16
+
+
+@pytest.mark.timeout(180)
+def test_one_always_failing_runner_is_ignored():
+    # Runner 1's envs get seeds 1 + 2 = 3 and 4: only they fail.
+    config = fault_config(SeededFault, from_seed=3).fault_tolerance(
+        restart_failed_env_runners=False, ignore_env_runner_failures=True
+    )
+    with config.build() as algo:
+        for _ in range(4):
+            result = algo.train()
+    assert result["fault_tolerance"]["num_healthy_workers"] == 1
+    assert result["fault_tolerance"]["num_env_runner_failures"] == 1
+    assert result["num_env_steps_trained_lifetime"] == 4 * 16
+
+
+@pytest.mark.timeout(180)
+def test_failed_runner_is_replaced_until_restarts_run_out():
+    config = fault_config(SeededFault, from_seed=3).fault_tolerance(max_num_env_runner_restarts=3)
+    algo = config.build()
+    trained = 0
+    with pytest.raises(RuntimeError, match="does not recover") as info:
+        for _ in range(200):
+            result = algo.train()
+            trained = result["num_env_steps_trained_lifetime"]
+            restarts = result["fault_tolerance"]["num_remote_worker_restarts"]
+    assert restarts >= 2 and algo._num_restarts == 3
+    assert trained > 0  # the healthy runner kept training going meanwhile
+    assert "injected runner failure" in str(info.value)
+    algo.stop()
+
+
+@pytest.mark.timeout(180)
+def test_all_runners_failing_raise_with_the_original_traceback():
+    config = fault_config(SeededFault, from_seed=0).fault_tolerance(
+        restart_failed_env_runners=False
+    )
+    algo = config.build()
+    with pytest.raises(RuntimeError, match="EnvRunner") as info:
+        for _ in range(5):
+            algo.train()
+    assert "injected runner failure" in str(info.value)
+    assert "Traceback" in str(info.value)
+    algo.stop()
+
+
+@pytest.mark.timeout(180)
+def test_hung_runner_is_replaced_and_training_progresses():
+    config = (
+        fault_config(SeededFault, from_seed=3, mode="hang", hang_s=6.0)
+        .env_runners(sample_timeout_s=2.0)
+        .fault_tolerance(max_num_env_runner_restarts=2)
+    )
+    with config.build() as algo:
+        trained = []
+        deadline = time.monotonic() + 60
+        while algo._num_restarts < 1 and time.monotonic() < deadline:
+            trained.append(algo.train()["num_env_steps_trained_lifetime"])
+        result = algo.train()
+    assert result["fault_tolerance"]["num_remote_worker_restarts"] >= 1
+    assert result["fault_tolerance"]["num_env_runner_failures"] >= 1
+    assert result["num_env_steps_trained_lifetime"] > trained[0]
+
+
+@pytest.mark.timeout(120)
+def test_nan_reward_is_caught_at_the_runner():
+    with pytest.raises(ValueError, match="non-finite reward"):
+        with small_config(NaNRewardEnv).build() as algo:
+            algo.train()
+    config = fault_config(NaNRewardEnv)  # threaded: fatal, not restarted 1000 times
+    algo = config.build()
+    with pytest.raises(RuntimeError, match="non-finite reward"):
+        for _ in range(5):
+            algo.train()
+    algo.stop()
+
+
+@pytest.mark.timeout(120)
+def test_nan_batch_leaves_params_unchanged_and_is_counted():
+    learner: Learner = make_learner(1)
+    before = jax.device_get(learner.state.params)
+    batch = random_batch(0)
+    batch.reward[1, 2] = np.nan
+    metrics = jax.device_get(learner.update(learner.put_batch(batch), env_steps=0))
+    after = jax.device_get(learner.state.params)
+    jax.tree.map(np.testing.assert_array_equal, before, after)
+    assert metrics["num_non_finite_updates"] == 1
+    metrics = jax.device_get(learner.update(learner.put_batch(random_batch(1)), env_steps=0))
+    assert metrics["num_non_finite_updates"] == 1
+    assert metrics["num_consecutive_non_finite_updates"] == 0
+    changed = jax.tree.map(
+        lambda a, b: bool(np.any(a != b)), before, jax.device_get(learner.state.params)
+    )
+    assert any(jax.tree.leaves(changed))
+
+
+@pytest.mark.timeout(180)
+def test_nan_updates_in_a_row_stop_training(tmp_path):
+    config = small_config(NaNRewardEnv).environment(disable_env_checking=True)
+    with config.build() as algo:
+        with pytest.raises(FloatingPointError, match="non-finite"):
+            for _ in range(12):
+                algo.train()
+        params = jax.device_get(algo.learner.state.params)
+        assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+SAVER = textwrap.dedent(
+    """
+    import sys
+    from tests.test_algorithm import small_config
+    algo = small_config().build()
+    algo.train()
+    algo.save(sys.argv[1])
+    print("saved", flush=True)
+    while True:
+        algo.train()
+        algo.save(sys.argv[1])
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_kill_during_save_never_leaves_a_half_written_checkpoint(tmp_path):
+    from impala_jax.algorithm import IMPALA
+
+    path = tmp_path / "ckpt"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    for delay in (0.05, 0.6):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SAVER, str(path)],
+            stdout=subprocess.PIPE,
+            cwd=os.path.dirname(os.path.dirname(__file__)),
+            env=env,
+        )
+        assert proc.stdout.readline().strip() == b"saved"
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        algo = IMPALA.from_checkpoint(path)
+        assert algo.get_state()["counters"]["training_iteration"] >= 1
+        algo.stop()
+
+
+@pytest.mark.timeout(240)
+def test_restore_onto_two_learner_devices(tmp_path):
+    with small_config().build() as algo:
+        algo.train()
+        state = algo.get_state()
+        path = algo.save(tmp_path / "one_device")
+    with small_config().learners(num_learners=2).build() as two:
+        two.restore(path)
+        again = two.get_state()
+        for a, b in zip(state["learner"], again["learner"], strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert two.train()["training_iteration"] == 2
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@pytest.mark.timeout(240)
+def test_long_lockstep_run_has_flat_memory_and_threads():
+    threads_before = threading.active_count()
+    with small_config().build() as algo:
+        for _ in range(10):
+            algo.train()
+        rss0, threads0 = _rss_mib(), threading.active_count()
+        for _ in range(150):
+            algo.train()
+        rss1, threads1 = _rss_mib(), threading.active_count()
+    assert threads1 == threads0
+    assert rss1 - rss0 < 40, (rss0, rss1)
+    assert threading.active_count() <= threads_before + 1
