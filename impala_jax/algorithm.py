@@ -67,9 +67,36 @@ def _step_spec(config, num_devices: int) -> StepSpec:
         replay_columns=replay_columns,
         replay_slots=replay_slots,
         minibatch_columns=mb,
-        num_epochs=config.num_epochs,
+        # With a minibatch buffer, epochs are passes over the host-side ring of batches
+        # (MinibatchBuffer below); otherwise they run inside the one compiled step.
+        num_epochs=1 if config.minibatch_buffer_size > 1 else config.num_epochs,
         shuffle=bool(config.shuffle_batch_per_epoch),
     )
+
+
+class MinibatchBuffer:
+    """RLlib's minibatch buffer: ``size`` device batches, each used ``num_epochs`` times.
+
+    Batches are served round-robin, so reuse of one batch is interleaved with the others
+    instead of back to back; a slot whose batch is used up takes the next new batch.
+    """
+
+    def __init__(self, size: int, num_epochs: int, next_batch):
+        self._next = next_batch
+        self._num_epochs = num_epochs
+        self._slots: list = [None] * size
+        self._uses_left = [0] * size
+        self._idx = 0
+
+    def get(self):
+        i = self._idx
+        if self._uses_left[i] <= 0:
+            self._slots[i] = None  # release the device batch before fetching the next
+            self._slots[i] = self._next()
+            self._uses_left[i] = self._num_epochs
+        self._uses_left[i] -= 1
+        self._idx = (i + 1) % len(self._slots)
+        return self._slots[i]
 
 
 def _clip_rewards(config):
@@ -172,6 +199,11 @@ class IMPALA:
         self._last_failure: RunnerThread | None = None
         self._queue = None
         self._loader = None
+        self._minibatch_buffer = None
+        if config.minibatch_buffer_size > 1 and config.num_epochs > 1:
+            self._minibatch_buffer = MinibatchBuffer(
+                config.minibatch_buffer_size, config.num_epochs, self._next_batch
+            )
         if config.num_env_runners == 0:
             self._runners.append(self._make_runner(0))
         else:
@@ -352,7 +384,9 @@ class IMPALA:
 
     def training_step(self) -> None:
         cfg = self.config
-        batch, versions = self._next_batch()
+        batch, versions = (
+            self._minibatch_buffer.get if self._minibatch_buffer else self._next_batch
+        )()
         if cfg._env_runners_only or cfg._skip_learners:
             return
         with self._timers.time("learner_dispatch"):

@@ -215,3 +215,23 @@ def test_del_ends_threads():
 def test_unknown_env_is_a_clear_error():
     with pytest.raises(ValueError, match="NoSuchEnv-v0"):
         small_config("NoSuchEnv-v0").build()
+
+
+def test_minibatch_buffer_reuses_batches_round_robin():
+    from impala_jax.algorithm import MinibatchBuffer
+
+    fresh = iter(range(100))
+    buffer = MinibatchBuffer(size=2, num_epochs=3, next_batch=lambda: next(fresh))
+    served = [buffer.get() for _ in range(12)]
+    assert served == [0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3]
+
+
+@pytest.mark.timeout(120)
+def test_epochs_with_minibatch_buffer_train_each_batch_num_epochs_times():
+    config = small_config().training(num_epochs=2, minibatch_buffer_size=2)
+    with config.build() as algo:
+        for _ in range(4):
+            result = algo.train()
+        assert algo.step_spec.num_epochs == 1
+    assert result["num_env_steps_trained_lifetime"] == 4 * 64
+    assert result["num_env_steps_sampled_lifetime"] == 2 * 64
