@@ -235,3 +235,11 @@ def test_epochs_with_minibatch_buffer_train_each_batch_num_epochs_times():
         assert algo.step_spec.num_epochs == 1
     assert result["num_env_steps_trained_lifetime"] == 4 * 64
     assert result["num_env_steps_sampled_lifetime"] == 2 * 64
+
+
+@pytest.mark.timeout(120)
+def test_evaluate_on_a_fresh_algorithm_with_episodes_or_timesteps():
+    config = small_config().evaluation(evaluation_duration=40, evaluation_duration_unit="timesteps")
+    with config.build() as algo:
+        result = algo.evaluate()["env_runners"]
+    assert result["num_env_steps_sampled"] >= 40

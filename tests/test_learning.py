@@ -73,3 +73,30 @@ def test_pendulum_beats_random():
     # A uniformly random policy scores about -1200 to -1400 on Pendulum-v1.
     best, result = train_until(experiment("pendulum"), "episode_return_mean", -400, 4_000_000)
     assert best >= -400, result["env_runners"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_rllib_doc_first_example():
+    """The first example of RLlib's IMPALAConfig doc, verbatim but for the import.
+
+    Its batch (512) does not split into fragments of the default rollout_fragment_length (50):
+    RLlib silently rounds, impala_jax refuses with a message that names the fix. With the fix
+    it builds, trains one iteration (RLlib's default min_time_s_per_iteration=10) and is deleted.
+    """
+    from impala_jax import IMPALAConfig
+
+    config = (
+        IMPALAConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=1)
+        .training(lr=0.0003, train_batch_size_per_learner=512)
+        .learners(num_learners=1)
+    )
+    with pytest.raises(ValueError, match="rollout_fragment_length=32"):
+        algo = config.build()
+    config.env_runners(rollout_fragment_length=32)
+    # Build a Algorithm object from the config and run 1 training iteration.
+    algo = config.build()
+    algo.train()
+    del algo
