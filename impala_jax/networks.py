@@ -36,31 +36,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# RLlib's DefaultModelConfig keys plus impala_jax's own: one table, documented in config.py.
+from impala_jax.config import DEFAULT_MODEL_CONFIG, ENCODERS
+
 Params = dict[str, Any]
-
-DEFAULT_MODEL_CONFIG: dict[str, Any] = {
-    # RLlib's DefaultModelConfig (see reference/rllib_impala_defaults.md).
-    "fcnet_hiddens": [256, 256],
-    "fcnet_activation": "tanh",
-    "fcnet_use_layernorm": False,
-    "conv_filters": None,
-    "conv_activation": "relu",
-    "head_fcnet_hiddens": [],
-    "head_fcnet_activation": "relu",
-    "free_log_std": False,
-    "log_std_clip_param": 20.0,
-    "vf_share_layers": True,
-    "use_lstm": False,
-    "max_seq_len": 20,
-    "lstm_cell_size": 256,
-    "lstm_use_prev_action": False,
-    "lstm_use_prev_reward": False,
-    # impala_jax's own.
-    "encoder": "auto",
-    "impala_cnn_channels": [16, 32, 32],
-}
-
-ENCODERS = ("auto", "mlp", "nature_cnn", "impala_cnn")
 
 # Nature DQN's conv stack (Mnih et al. 2015, Methods): [out_channels, kernel, stride], VALID.
 NATURE_CONV_FILTERS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
