@@ -73,7 +73,7 @@ class RunError(Exception):
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    intro, rest = __doc__.split("\n\n", 1)
+    rest = __doc__.split("\n\n", 1)[1]
     parser = argparse.ArgumentParser(
         prog="python -m impala_jax.run",
         description=rest,
@@ -434,7 +434,7 @@ class Display:
     Every mode ends with the same final lines (``final``), on stdout.
     """
 
-    def __init__(self, mode: str, run_dir: Path, name: str, stop: dict):
+    def __init__(self, mode: str, run_dir: Path | None, name: str, stop: dict):
         self.mode = mode  # "live", "plain" or "quiet"
         self.run_dir = run_dir
         self.name = name
@@ -458,7 +458,7 @@ class Display:
             return None
         steps, now = r.get("num_env_steps_sampled_lifetime", 0), time.perf_counter()
         if self._first is None or now - self._first[0] < 1e-3 or steps <= self._first[1]:
-            return r.get("perf", {}).get("env_steps_sampled_per_s")
+            return None  # the first iteration's rate includes compiling: no estimate yet
         return (steps - self._first[1]) / (now - self._first[0])
 
     def update(self, result: dict) -> None:
@@ -544,7 +544,7 @@ class Display:
         return Panel(
             table,
             title=f"impala_jax · {self.name} · {self.status}",
-            subtitle=str(self.run_dir),
+            subtitle=str(self.run_dir or ""),
             expand=False,
         )
 
@@ -599,7 +599,10 @@ class StopSignal:
 
 
 def prepare(args: argparse.Namespace):
-    """Config, stop, run directory and run record; nothing is built and JAX is not needed."""
+    """Config, stop, the run directory to resume (None: new run) and the run record.
+
+    Nothing is built and nothing is written: a usage or config error leaves no trace.
+    """
     from impala_jax import IMPALAConfig
     from impala_jax.checkpoint import STATE_FILE
 
@@ -638,15 +641,16 @@ def prepare(args: argparse.Namespace):
     try:
         config.validate()
     except ValueError as err:
-        raise RunError(one_line(err)) from err
+        hint = ""
+        if "num_learners" in str(err) and "device" in str(err) and args.devices is None:
+            hint = "; on a CPU, --devices N runs JAX on N host devices"
+        raise RunError(one_line(err) + hint) from err
     if config.env is None:
         raise RunError('no environment: set config.environment("...") or environment.env=ID')
     if args.wandb:
         missing = loggers.wandb_missing_message()
         if missing:
             raise RunError(missing)
-    if run_dir is None:
-        run_dir = new_run_dir(args.logdir, name)
     record.update(stop=stop, overrides=record.get("overrides", []) + list(args.overrides))
     record.setdefault("wandb_id", uuid.uuid4().hex[:12])
     record.setdefault("argv", []).append(sys.argv[1:])
@@ -664,8 +668,6 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as err:
         print(f"impala_jax.run: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    write_json(run_dir / loggers.PARAMS_FILE, config.to_dict())
-    write_json(run_dir / RUN_FILE, record)
     if args.quiet:
         mode = "quiet"
     else:
@@ -683,10 +685,14 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args, config, stop, run_dir, name, record, resume_from, display, interrupt) -> int:
     try:
         algo = config.build()
-    except ValueError as err:
+    except ValueError as err:  # e.g. an env id that neither envpool nor gymnasium has
         display.close()
         print(f"impala_jax.run: error: {one_line(err)}", file=sys.stderr)
         return EXIT_USAGE
+    if run_dir is None:  # created only once the config has built: a failed start leaves none
+        run_dir = display.run_dir = new_run_dir(args.logdir, name)
+    write_json(run_dir / loggers.PARAMS_FILE, config.to_dict())
+    write_json(run_dir / RUN_FILE, record)
     writers: list = []
     with algo:
         resume_iteration = None

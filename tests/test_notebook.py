@@ -1,0 +1,27 @@
+"""notebooks/quickstart.ipynb runs top to bottom, so it never rots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
+
+
+@pytest.mark.timeout(300)
+def test_quickstart_notebook_runs(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    # The kernel inherits this process's environment (CPU JAX, see conftest) and runs in tmp_path.
+    client = nbclient.NotebookClient(
+        nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert any(o.get("output_type") == "error" for o in outputs) is False
+    assert any("image/png" in o.get("data", {}) for o in outputs)  # the inline learning curve
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "restored at iteration 300" in text and "-> action" in text
