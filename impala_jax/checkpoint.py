@@ -26,6 +26,9 @@ def save(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict) -> 
     path = Path(path).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; a checkpoint is an ordinary directory
     try:
         with ocp.StandardCheckpointer() as ckptr:
             ckptr.save(tmp / ARRAYS_DIR, arrays)

@@ -15,8 +15,10 @@ actions (and a C++ env given a NaN torque just integrates it).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,6 +47,14 @@ class VecEnv:
         raise NotImplementedError
 
 
+@contextlib.contextmanager
+def _quiet_box_casts():
+    """envpool builds its Box spaces from float64 bounds, and gymnasium warns about each."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting")
+        yield
+
+
 class EnvpoolVecEnv(VecEnv):
     """envpool in its async API with ``batch_size == num_envs``: one recv returns every env."""
 
@@ -54,22 +64,24 @@ class EnvpoolVecEnv(VecEnv):
         self.name = env_id
         self.num_envs = num_envs
         try:
-            self._env = envpool.make(
-                env_id,
-                env_type="gymnasium",
-                num_envs=num_envs,
-                batch_size=num_envs,
-                seed=seed,
-                **dict(env_config),
-            )
+            with _quiet_box_casts():
+                self._env = envpool.make(
+                    env_id,
+                    env_type="gymnasium",
+                    num_envs=num_envs,
+                    batch_size=num_envs,
+                    seed=seed,
+                    **dict(env_config),
+                )
         except TypeError as err:
             raise ValueError(
                 f"environment(env_config=...) for envpool env {env_id!r} has an option envpool "
                 f"does not know: {err}. Valid options are the fields of "
                 f"envpool.make_spec({env_id!r}).config."
             ) from err
-        self.observation_space = self._env.single_observation_space
-        self.action_space = self._env.single_action_space
+        with _quiet_box_casts():
+            self.observation_space = self._env.single_observation_space
+            self.action_space = self._env.single_action_space
         self._order = None
 
     def async_reset(self) -> None:
