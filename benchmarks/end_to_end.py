@@ -1,0 +1,205 @@
+"""End to end: env steps/s of training next to raw envpool stepping of the same envs, same run.
+
+``--env cartpole`` trains with ``experiments/cartpole.py``'s config; ``--env pong`` trains Atari
+Pong (envpool ``Pong-v5``, frameskip 4) with a small CPU config. After a warm-up iteration
+(compilation), rounds alternate: raw envpool stepping of the same number of envs with random
+actions (one ``envpool.make(..., num_envs=N)``, synchronous ``step``: the machine's ceiling),
+then ``train()`` iterations. The ratio is taken per round and its median reported, with the
+per-stage time breakdown from the result dicts' ``timers`` and ``perf``.
+
+While raw envpool runs, the paused algorithm's runner thread fills the bounded learner queue
+and then blocks, so after a short settling pause the raw figure is not shared with it; the
+first iteration after each pause is run but not counted.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import numpy as np
+
+from benchmarks import common
+
+# Which thread owns each stage (timers are per stage, summed over the threads that record it).
+STAGES = {
+    "env_recv_s": "runner",
+    "env_send_s": "runner",
+    "inference_s": "runner",
+    "queue_put_wait_s": "runner",
+    "stack_s": "loader",
+    "transfer_s": "loader",
+    "learner_wait_s": "main",
+    "learner_dispatch_s": "main",
+    "broadcast_s": "main",
+    "learner_fetch_s": "main",
+}
+
+
+def pong_config(quick: bool):
+    from impala_jax import IMPALAConfig
+
+    return (
+        IMPALAConfig()
+        .environment("Pong-v5")
+        .env_runners(num_env_runners=1, num_envs_per_env_runner=16, rollout_fragment_length=20)
+        .training(lr=6e-4, train_batch_size_per_learner=160, entropy_coeff=0.01, grad_clip=40.0)
+        .learners(num_learners=0)
+        .rl_module(model_config={"encoder": "nature_cnn"})
+        .reporting(min_time_s_per_iteration=2.0)
+        .debugging(seed=0)
+    )
+
+
+def raw_envpool(env_id: str, num_envs: int, seconds: float, env=None):
+    """Random-action env steps/s of one synchronous envpool batch of ``num_envs``."""
+    import envpool
+
+    if env is None:
+        env = envpool.make(
+            env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, seed=12345
+        )
+        env.reset()
+    n_actions = env.action_space.n
+    rng = np.random.default_rng(0)
+    actions = [rng.integers(0, n_actions, num_envs).astype(np.int32) for _ in range(64)]
+    steps = 0
+    started = time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        for a in actions[:8]:
+            env.step(a)
+        steps += 8
+        actions.append(actions.pop(0))
+    return steps * num_envs / elapsed, env
+
+
+def measure(
+    config, env_id: str, rounds: int, iters: int, raw_s: float, settle_s: float, budget_s: float
+):
+    started = time.perf_counter()
+    algo = config.build()
+    build_s = time.perf_counter() - started
+    num_envs = max(1, config.num_env_runners) * config.num_envs_per_env_runner
+    try:
+        started = time.perf_counter()
+        warm = algo.train()  # compiles act and the learner step
+        warmup_s = time.perf_counter() - started
+        env = None
+        per_round, results = [], []
+        for r in range(rounds):
+            if r and time.perf_counter() - started > budget_s:
+                break  # a slow learner (a CNN on CPU) gets fewer rounds, not a timeout
+            time.sleep(settle_s)
+            raw, env = raw_envpool(env_id, num_envs, raw_s, env)
+            # The first iteration after the pause carries the runner's blocked put and a full
+            # queue: it is run but not counted.
+            its = [algo.train() for _ in range(iters + 1)][1:]
+            results.extend(its)
+            sampled = sum(x["env_runners"]["num_env_steps_sampled"] for x in its)
+            trained = sum(x["learners"]["default_policy"]["num_env_steps_trained"] for x in its)
+            wall = sum(x["time_this_iter_s"] for x in its)
+            per_round.append(
+                {
+                    "round": r,
+                    "raw_envpool_steps_per_s": raw,
+                    "train_env_steps_sampled_per_s": sampled / wall,
+                    "train_env_steps_trained_per_s": trained / wall,
+                    "ratio_sampled_to_raw": sampled / wall / raw,
+                    "episode_return_mean": its[-1]["env_runners"]["episode_return_mean"],
+                }
+            )
+        env.close()
+    finally:
+        algo.stop()
+    wall = sum(x["time_this_iter_s"] for x in results)
+    timers: dict[str, float] = {}
+    for x in results:
+        for k, v in x["timers"].items():
+            timers[k] = timers.get(k, 0.0) + v
+    breakdown = {
+        k: {"thread": STAGES.get(k, "?"), "seconds_per_wall_second": v / wall}
+        for k, v in sorted(timers.items())
+    }
+    perf = {
+        k: common.median([x["perf"][k] for x in results])
+        for k in results[0]["perf"]
+        if isinstance(results[0]["perf"][k], int | float)
+    }
+    pick = lambda key: [p[key] for p in per_round]
+    return {
+        "env_id": env_id,
+        "num_envs": num_envs,
+        "num_env_runners": config.num_env_runners,
+        "rollout_fragment_length": config.get_rollout_fragment_length(),
+        "train_batch_size_per_learner": config.train_batch_size_per_learner,
+        "build_s": build_s,
+        "warmup_iteration_s": warmup_s,
+        "warmup_iteration_timers": warm["timers"],
+        "rounds": per_round,
+        "train_env_steps_per_s": common.median(pick("train_env_steps_sampled_per_s")),
+        "train_env_steps_trained_per_s": common.median(pick("train_env_steps_trained_per_s")),
+        "raw_envpool_steps_per_s": common.median(pick("raw_envpool_steps_per_s")),
+        "ratio_to_raw": common.median(pick("ratio_sampled_to_raw")),
+        "stage_breakdown": breakdown,
+        "perf_median": perf,
+        "peak_rss_mib_this_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main(argv=None) -> dict:
+    args = common.parse_args(
+        argv,
+        __doc__.split("\n")[0],
+        env={"choices": ["cartpole", "pong"], "default": "cartpole"},
+    )
+    if args.env == "cartpole":
+        config, _ = common.load_experiment()
+        env_id = "CartPole-v1"
+        rounds, iters, raw_s = (2, 1, 1.0) if args.quick else (4, 2, 1.5)
+        budget_s = 60.0
+    else:
+        config, env_id = pong_config(args.quick), "Pong-v5"
+        rounds, iters, raw_s = (1, 1, 2.0) if args.quick else (3, 1, 3.0)
+        budget_s = 30.0 if args.quick else 60.0
+    out = measure(config, env_id, rounds, iters, raw_s, settle_s=0.3, budget_s=budget_s)
+    frameskip = 4 if args.env == "pong" else 1
+    rows = [
+        [
+            r["round"],
+            r["raw_envpool_steps_per_s"] * frameskip,
+            r["train_env_steps_sampled_per_s"] * frameskip,
+            r["train_env_steps_trained_per_s"] * frameskip,
+            r["ratio_sampled_to_raw"],
+        ]
+        for r in out["rounds"]
+    ]
+    unit = "frames/s" if frameskip > 1 else "steps/s"
+    print(
+        common.table(
+            rows, ["round", f"raw envpool {unit}", f"train {unit}", f"trained {unit}", "ratio"]
+        )
+    )
+    breakdown = out["stage_breakdown"]
+    print(
+        common.table(
+            [[k, v["thread"], v["seconds_per_wall_second"]] for k, v in breakdown.items()],
+            ["stage", "thread", "s per wall s"],
+        )
+    )
+    if args.env == "cartpole":
+        steps = out["train_env_steps_per_s"]
+        out["goal"] = ">= 300,000 env steps/s and >= 0.4 of raw envpool at the same env count"
+        out["goal_met"] = steps >= 300_000 and out["ratio_to_raw"] >= 0.4
+        name = "end_to_end_cartpole"
+    else:
+        out["frameskip"] = frameskip
+        out["train_env_frames_per_s"] = out["train_env_steps_per_s"] * frameskip
+        out["raw_envpool_frames_per_s"] = out["raw_envpool_steps_per_s"] * frameskip
+        out["config"] = "1 runner x 16 envs, T=20, batch 160, nature_cnn, 1 CPU learner device"
+        name = "end_to_end_pong"
+    common.write_result(name, out, args.quick)
+    return out
+
+
+if __name__ == "__main__":
+    main()

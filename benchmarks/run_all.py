@@ -1,0 +1,137 @@
+"""``make bench``: every benchmark in its own subprocess, then ``results/summary.json``.
+
+``python -m benchmarks.run_all [--quick] [--only NAME ...]``. A subprocess per benchmark keeps
+JAX state, XLA flags and peak memory apart; each has a hard timeout, and a benchmark that fails
+is reported as such without stopping the others.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from benchmarks import common
+
+# (result name, module arguments, timeout s)
+BENCHMARKS = [
+    ("vtrace", ["-m", "benchmarks.vtrace"], 180),
+    ("learner", ["-m", "benchmarks.learner"], 560),
+    ("end_to_end_cartpole", ["-m", "benchmarks.end_to_end", "--env", "cartpole"], 180),
+    ("time_to_450", ["-m", "benchmarks.time_to_450"], 600),
+    ("end_to_end_pong", ["-m", "benchmarks.end_to_end", "--env", "pong"], 300),
+]
+
+
+def summarize(results: dict) -> list[dict]:
+    """One row per goal: the measured value, the reference it is compared with, met or not."""
+    rows = []
+    vt = results.get("vtrace")
+    if vt:
+        rows.append(
+            {
+                "goal": "V-trace no slower than rlax at every size",
+                "value": f"min speedup {vt['min_speedup_vs_rlax']:.2f}x over "
+                + ", ".join(f"{s['T']}x{s['B']}" for s in vt["sizes"]),
+                "met": vt["goal_met"],
+            }
+        )
+    e2e = results.get("end_to_end_cartpole")
+    if e2e:
+        rows.append(
+            {
+                "goal": "CartPole training >= 300 K env steps/s and >= 0.4 of raw envpool",
+                "value": f"{e2e['train_env_steps_per_s']:,.0f} env steps/s, "
+                f"{e2e['ratio_to_raw']:.2f} of raw envpool "
+                f"({e2e['raw_envpool_steps_per_s']:,.0f}) at {e2e['num_envs']} envs",
+                "met": e2e["goal_met"],
+            }
+        )
+    t450 = results.get("time_to_450")
+    if t450:
+        n = len(t450["seeds"])
+        rows.append(
+            {
+                "goal": "time to return 450, median of seeds, <= 6 s from process start",
+                "value": f"{t450['median_wall_s_to_450']:.1f} s (median of {n}), "
+                f"{t450['median_env_steps']:,.0f} env steps",
+                "met": t450["goal_met_time"],
+            }
+        )
+        rows.append(
+            {
+                "goal": "peak memory of the CartPole process < 1 GiB",
+                "value": f"{t450['max_peak_rss_mib']:.0f} MiB (max over seeds)",
+                "met": t450["goal_met_memory"],
+            }
+        )
+    lr = results.get("learner")
+    if lr:
+        for case in lr["cases"]:
+            two = case.get("two_vs_one_device_speedup")
+            rows.append(
+                {
+                    "goal": f"learner {case['case']} T x B = {case['T']}x{case['B']} (report)",
+                    "value": f"{case['one_device']['samples_per_s']:,.0f} samples/s on 1 device"
+                    + (f", 2 forced devices {two:.2f}x of 1" if two else ""),
+                    "met": None,
+                }
+            )
+    pong = results.get("end_to_end_pong")
+    if pong:
+        rows.append(
+            {
+                "goal": "Atari Pong env frames/s on this CPU (report)",
+                "value": f"{pong['train_env_frames_per_s']:,.0f} frames/s training, "
+                f"{pong['ratio_to_raw']:.3f} of raw envpool "
+                f"({pong['raw_envpool_frames_per_s']:,.0f}) at {pong['num_envs']} envs",
+                "met": None,
+            }
+        )
+    return rows
+
+
+def main(argv=None) -> dict:
+    args = common.parse_args(
+        argv,
+        __doc__.split("\n")[0],
+        only={"nargs": "*", "default": None, "help": "run only these benchmarks"},
+    )
+    results, runs = {}, {}
+    for name, module_args, timeout in BENCHMARKS:
+        if args.only and name not in args.only:
+            continue
+        print(f"== {name}", flush=True)
+        started = time.perf_counter()
+        argv_ = module_args + (["--quick"] if args.quick else [])
+        try:
+            proc = common.run_python(argv_, timeout, {"JAX_PLATFORMS": "cpu"})
+            ok, tail = proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+            print(proc.stdout, end="", flush=True)
+        except subprocess.TimeoutExpired:
+            ok, tail = False, f"timed out after {timeout} s"
+        elapsed = time.perf_counter() - started
+        runs[name] = {"ok": ok, "seconds": elapsed, **({} if ok else {"error": tail})}
+        if not ok:
+            print(f"   FAILED: {tail[-800:]}", flush=True)
+    # Benchmarks not run this time (--only) keep their last results in the summary.
+    for name, _, _ in BENCHMARKS:
+        path = common.RESULTS / f"{name}.json"
+        if path.exists() and runs.get(name, {}).get("ok", True):
+            results[name] = json.loads(path.read_text())
+    rows = summarize(results)
+    print("\n== summary")
+    for row in rows:
+        met = {True: "MET", False: "NOT MET", None: "-"}[row["met"]]
+        print(f"{met:>7}  {row['goal']}: {row['value']}")
+    payload = {
+        "goals": rows,
+        "runs": runs,
+        "dates": {name: r.get("date") for name, r in results.items()},
+    }
+    common.write_result("summary", payload, args.quick)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

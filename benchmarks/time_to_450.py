@@ -1,0 +1,116 @@
+"""Time to a return of 450 on CartPole-v1, from process start, and the process's peak memory.
+
+Each seed is a fresh ``python -m impala_jax.run experiments/cartpole.py --seed S`` subprocess:
+the wall-clock runs from launch to exit (imports, compilation, training, the final checkpoint),
+env steps and the training time come from the run's ``result.json``, and the peak resident set
+of the whole process from ``os.wait4``'s rusage. The experiment's own stop (return 450, or 3 M
+env steps as a cap) ends each run; a run that hits the cap counts as not reaching 450.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from benchmarks import common
+
+SEEDS = [0, 1, 2, 3, 4]
+QUICK_SEEDS = [0, 1]
+TARGET = 450.0
+RUN_TIMEOUT_S = 90.0
+
+
+def one_seed(seed: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench_t450_") as logdir:
+        cmd = [
+            sys.executable,
+            "-m",
+            "impala_jax.run",
+            str(common.CARTPOLE_EXPERIMENT),
+            "--seed",
+            str(seed),
+            "--logdir",
+            logdir,
+            "--quiet",
+        ]
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd, cwd=common.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        killer = threading.Timer(RUN_TIMEOUT_S, proc.kill)
+        killer.start()
+        output = proc.stdout.read()  # until the child closes it, i.e. exits
+        # wait4, not wait: it also returns the child's own rusage (peak RSS, CPU seconds).
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        killer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        results = [
+            json.loads(line)
+            for path in Path(logdir).glob("*/result.json")
+            for line in path.read_text().splitlines()
+            if line.strip()
+        ]
+    last = results[-1] if results else {}
+    ret = last.get("env_runners", {}).get("episode_return_mean", float("nan"))
+    reached = proc.returncode == 0 and ret >= TARGET
+    return {
+        "seed": seed,
+        "exit_code": proc.returncode,
+        "reached_450": bool(reached),
+        "wall_s_from_launch": wall,
+        "env_steps": last.get("num_env_steps_sampled_lifetime"),
+        "train_s_in_process": last.get("time_total_s"),
+        # Imports, build, compilation of the first iteration's extra, checkpoint, exit.
+        "outside_train_s": wall - last.get("time_total_s", 0.0),
+        "iterations": len(results),
+        "final_return_mean": ret,
+        "peak_rss_mib": usage.ru_maxrss / 1024,  # Linux reports KiB
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "output_tail": output[-600:] if not reached else "",
+    }
+
+
+def main(argv=None) -> dict:
+    args = common.parse_args(argv, __doc__.split("\n")[0])
+    seeds = QUICK_SEEDS if args.quick else SEEDS
+    runs = [one_seed(s) for s in seeds]
+    times = [r["wall_s_from_launch"] if r["reached_450"] else float("inf") for r in runs]
+    median_s = common.median(times)
+    peak = max(r["peak_rss_mib"] for r in runs)
+    rows = [
+        [
+            r["seed"],
+            r["reached_450"],
+            r["wall_s_from_launch"],
+            r["train_s_in_process"] or float("nan"),
+            r["env_steps"] or 0,
+            r["peak_rss_mib"],
+        ]
+        for r in runs
+    ]
+    print(common.table(rows, ["seed", "450", "wall s", "train s", "env steps", "peak MiB"]))
+    payload = {
+        "method": "python -m impala_jax.run experiments/cartpole.py --seed S in a subprocess, "
+        "wall-clock from launch to exit, median over seeds (a seed that misses 450 counts as "
+        "infinitely slow); peak RSS from os.wait4",
+        "seeds": runs,
+        "median_wall_s_to_450": median_s,
+        "median_env_steps": common.median([r["env_steps"] or 0 for r in runs]),
+        "max_peak_rss_mib": peak,
+        "goal": "median <= 6 s from process start; peak memory < 1 GiB",
+        "goal_met_time": median_s <= 6.0,
+        "goal_met_memory": peak < 1024,
+    }
+    common.write_result("time_to_450", payload, args.quick)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
