@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+import gymnasium as gym
 import jax
 import numpy as np
 
@@ -29,7 +30,7 @@ from impala_jax.learner import Learner, LossSpec, StepSpec
 from impala_jax.metrics import EpisodeStats, Timers, merge_timers
 from impala_jax.networks import make_networks
 from impala_jax.optim import OptimizerSpec
-from impala_jax.types import LearnerState
+from impala_jax.types import LearnerState, Trajectory
 
 # Learner updates in a row with non-finite gradients (each skipped) before train() gives up.
 MAX_CONSECUTIVE_NON_FINITE = 10
@@ -172,7 +173,7 @@ class IMPALA:
         )
         self._actor_device = devices[0]
         self.param_store = ParamStore(self.learner.state.params, self._actor_device)
-        self._warm_up_act(obs_space)
+        action_dtype = self._warm_up_act(obs_space)
 
         self.batch_env_steps = self.step_spec.columns * len(devices) * T
         self._episodes = EpisodeStats(config.metrics_num_episodes_for_smoothing)
@@ -187,6 +188,8 @@ class IMPALA:
         self._last_learner_metrics: dict = {}
 
         self._batcher = Batcher(self.step_spec.columns * len(devices))
+        if not (config._env_runners_only or config._skip_learners):
+            self.learner.warm_up(self._example_batch(obs_space, action_dtype))
         self._runners: list[EnvRunner] = []  # live runners: their steps and episodes count
         self._threads: dict[int, RunnerThread] = {}  # runner slot -> its thread
         self._pending_restarts: dict[int, float] = {}  # runner slot -> when to restart it
@@ -223,11 +226,26 @@ class IMPALA:
         """Compiles ``act`` for the runners' batch shapes before any runner thread starts, so
         compilation never counts against ``sample_timeout_s``."""
         params, _ = self.param_store.get()
-        n = self.config.num_envs_per_env_runner
-        sizes = {n // 2, n} if n >= 8 and n % 2 == 0 else {n}
-        for size in sizes:
-            obs = np.zeros((size, *obs_space.shape), obs_space.dtype)
-            jax.block_until_ready(self._act(params, obs, self._actor_key))
+        size = EnvRunner.group_sizes(self.config.num_envs_per_env_runner)[0]
+        obs = np.zeros((size, *obs_space.shape), obs_space.dtype)
+        action, _, _ = jax.block_until_ready(self._act(params, obs, self._actor_key))
+        return action.dtype
+
+    def _example_batch(self, obs_space, action_dtype) -> Trajectory:
+        """Zeros shaped and typed like one learner batch, to compile the learner step early."""
+        T, B = self._T, self._batcher.columns
+        discrete = isinstance(self.action_space, gym.spaces.Discrete)
+        action_shape = () if discrete else self.action_space.shape
+        return Trajectory(
+            obs=np.zeros((T + 1, B, *obs_space.shape), obs_space.dtype),
+            action=np.zeros((T, B, *action_shape), action_dtype),
+            behaviour_logits=np.zeros((T, B, self.networks.dist_size), np.float32),
+            reward=np.zeros((T, B), np.float32),
+            terminated=np.zeros((T, B), bool),
+            truncated=np.zeros((T, B), bool),
+            valid=np.zeros((T, B), np.float32),
+            param_version=np.zeros(B, np.int32),
+        )
 
     def _make_runner(self, index: int, seed: int | None = None) -> EnvRunner:
         config = self.config

@@ -128,12 +128,17 @@ class EnvRunner:
         self.num_dropped_episodes = 0
         self.heartbeat = time.monotonic()
         num_envs = num_envs or config.num_envs_per_env_runner
-        self._sizes = [num_envs // 2] * 2 if num_envs >= 8 and num_envs % 2 == 0 else [num_envs]
+        self._sizes = self.group_sizes(num_envs)
         self.groups: list[_Group] = []
         self._key = jax.random.key(seed)
         self._make_envs(seed)
         self.observation_space = self.groups[0].env.observation_space
         self.action_space = self.groups[0].env.action_space
+
+    @staticmethod
+    def group_sizes(num_envs: int) -> list[int]:
+        """Two groups stepped in turn when there are enough envs to split evenly."""
+        return [num_envs // 2] * 2 if num_envs >= 8 and num_envs % 2 == 0 else [num_envs]
 
     def _make_envs(self, seed: int) -> None:
         config = self._config

@@ -82,7 +82,7 @@ class EnvpoolVecEnv(VecEnv):
         with _quiet_box_casts():
             self.observation_space = self._env.single_observation_space
             self.action_space = self._env.single_action_space
-        self._order = None
+        self._env_ids = np.arange(num_envs, dtype=np.int32)
 
     def async_reset(self) -> None:
         self._env.async_reset()
@@ -91,14 +91,14 @@ class EnvpoolVecEnv(VecEnv):
         obs, reward, terminated, truncated, info = self._env.recv()
         env_id = info["env_id"]
         # With batch_size == num_envs envpool returns every env, but not always in id order.
-        if np.any(env_id != np.arange(self.num_envs)):
-            self._order = np.argsort(env_id)
-            obs, reward = obs[self._order], reward[self._order]
-            terminated, truncated = terminated[self._order], truncated[self._order]
+        if np.any(env_id != self._env_ids):
+            order = np.argsort(env_id)
+            obs, reward = obs[order], reward[order]
+            terminated, truncated = terminated[order], truncated[order]
         return obs, reward.astype(np.float32), terminated, truncated
 
     def send(self, action: np.ndarray) -> None:
-        self._env.send(action, np.arange(self.num_envs, dtype=np.int32))
+        self._env.send(action, self._env_ids)
 
     def close(self) -> None:
         self._env.close()

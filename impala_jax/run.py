@@ -128,6 +128,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "starts), e.g. for learners(num_learners=N) on a machine without accelerators",
     )
     parser.add_argument(
+        "--compile-cache",
+        metavar="DIR",
+        default=os.path.join(os.path.expanduser("~"), ".cache", "impala_jax", "xla"),
+        help="JAX's persistent compilation cache: a rerun of the same experiment skips "
+        "compiling (default ~/.cache/impala_jax/xla; 'none' turns it off)",
+    )
+    parser.add_argument(
         "--wandb", action="store_true", help="also log to Weights & Biases (needs wandb)"
     )
     parser.add_argument(
@@ -158,6 +165,18 @@ def set_jax_environment(devices: int | None) -> None:
     )
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
     os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def enable_compile_cache(directory: str) -> None:
+    """Caches every compiled program on disk (the actor's act, the learner step)."""
+    if directory.lower() == "none":
+        return
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", directory)
+    # The default thresholds skip programs that compile in under a second: cache them all.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 # ---------------------------------------------------------------------------- experiment
@@ -664,6 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
     try:
         set_jax_environment(args.devices)
+        enable_compile_cache(args.compile_cache)
         config, stop, run_dir, name, record, resume_from = prepare(args)
     except RunError as err:
         print(f"impala_jax.run: error: {err}", file=sys.stderr)

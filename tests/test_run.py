@@ -31,6 +31,7 @@ TINY = [
     "env_runners.num_envs_per_env_runner=4",
     "env_runners.rollout_fragment_length=8",
     "training.train_batch_size_per_learner=64",
+    "training.minibatch_size=None",
     "reporting.min_time_s_per_iteration=0",
     "rl_module.model_config={'fcnet_hiddens': [8]}",
 ]
