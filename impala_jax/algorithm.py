@@ -6,9 +6,11 @@ and learner (learner_step).
 
 from __future__ import annotations
 
+import atexit
 import math
 import threading
 import time
+import weakref
 from typing import Any
 
 import gymnasium as gym
@@ -106,6 +108,17 @@ def _clip_rewards(config):
     return config.clip_rewards
 
 
+# Algorithms not stopped by their users: stopped at interpreter exit, before daemon runner
+# threads are killed inside envpool's C++ (which aborts the process).
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_algorithms() -> None:
+    for algo in list(_LIVE):
+        algo.stop()
+
+
 class IMPALA:
     """The algorithm. ``IMPALAConfig().environment("CartPole-v1").build()`` returns one."""
 
@@ -117,6 +130,13 @@ class IMPALA:
         self.config = config
         self._stopped = False
         self._stop = threading.Event()
+        # What stop() touches exists from the start: a failed __init__ is still stoppable.
+        self.learner = None
+        self._runners: list[EnvRunner] = []  # live runners: their steps and episodes count
+        self._threads: dict[int, RunnerThread] = {}  # runner slot -> its thread
+        self._loader = None
+        self._eval_runner = None
+        _LIVE.add(self)
         seed = config.seed if config.seed is not None else 0
         learner_key, self._actor_key, self._eval_key = jax.random.split(jax.random.key(seed), 3)
         self._seed = seed
@@ -184,14 +204,11 @@ class IMPALA:
         self._env_steps_sampled_base = 0  # steps sampled by runners of earlier lives (restore)
         self._num_updates = 0
         self._last_lag: list = []
-        self._eval_runner = None
         self._last_learner_metrics: dict = {}
 
         self._batcher = Batcher(self.step_spec.columns * len(devices))
         if not (config._env_runners_only or config._skip_learners):
             self.learner.warm_up(self._example_batch(obs_space, action_dtype))
-        self._runners: list[EnvRunner] = []  # live runners: their steps and episodes count
-        self._threads: dict[int, RunnerThread] = {}  # runner slot -> its thread
         self._pending_restarts: dict[int, float] = {}  # runner slot -> when to restart it
         self._retired_episodes: list = []
         self._num_restarts = 0
@@ -201,7 +218,6 @@ class IMPALA:
         self._num_dropped_episodes_base = 0
         self._last_failure: RunnerThread | None = None
         self._queue = None
-        self._loader = None
         self._minibatch_buffer = None
         if config.minibatch_buffer_size > 1 and config.num_epochs > 1:
             self._minibatch_buffer = MinibatchBuffer(
@@ -653,6 +669,8 @@ class IMPALA:
             return
         self._stopped = True
         self._stop.set()
+        if self.learner is not None:
+            self.learner.wait_for_warm_up()
         threads = list(self._threads.values())
         for thread in threads:
             thread.stop_event.set()

@@ -239,14 +239,18 @@ class Learner:
             )
             jax.block_until_ready(out)
 
-        self._warm_up = threading.Thread(target=compile_step, name="learner-warm-up", daemon=True)
+        # Not a daemon: a process exiting mid-compilation would kill XLA inside C++ and abort.
+        self._warm_up = threading.Thread(target=compile_step, name="learner-warm-up")
         self._warm_up.start()
+
+    def wait_for_warm_up(self) -> None:
+        if self._warm_up is not None:
+            self._warm_up.join()
+            self._warm_up = None
 
     def update(self, device_batch: Batch, env_steps: int) -> dict:
         """One learner step, dispatched asynchronously; metrics stay on device."""
-        if self._warm_up is not None:
-            self._warm_up.join()  # one compilation, not two racing ones
-            self._warm_up = None
+        self.wait_for_warm_up()  # one compilation, not two racing ones
         if self.step_spec.replay_columns and self.replay == ():
             self.init_replay(device_batch)
         env_steps = jnp.asarray(env_steps, jnp.int32)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from impala_jax import IMPALAConfig, loggers, run
+from impala_jax import IMPALAConfig, display, loggers, run
 from impala_jax.run import RunError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,12 +138,12 @@ def test_stop_parsing_and_criteria():
 
 def test_eta_and_budget():
     result = {"num_env_steps_sampled_lifetime": 1000, "training_iteration": 10, "time_total_s": 20}
-    assert run.eta_s(result, {"env_runners/episode_return_mean": 1}, 100.0) is None
-    assert run.eta_s(result, {"num_env_steps_sampled_lifetime": 2000}, 100.0) == 10.0
-    assert run.eta_s(result, {"training_iteration": 15}, None) == 10.0
-    assert run.eta_s(result, {"time_total_s": 25, "training_iteration": 100}, 1.0) == 5.0
-    assert run.budget_fraction(result, {"num_env_steps_sampled_lifetime": 4000}) == 0.25
-    assert run.budget_fraction(result, {}) is None
+    assert display.eta_s(result, {"env_runners/episode_return_mean": 1}, 100.0) is None
+    assert display.eta_s(result, {"num_env_steps_sampled_lifetime": 2000}, 100.0) == 10.0
+    assert display.eta_s(result, {"training_iteration": 15}, None) == 10.0
+    assert display.eta_s(result, {"time_total_s": 25, "training_iteration": 100}, 1.0) == 5.0
+    assert display.budget_fraction(result, {"num_env_steps_sampled_lifetime": 4000}) == 0.25
+    assert display.budget_fraction(result, {}) is None
 
 
 def test_one_line():
