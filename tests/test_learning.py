@@ -71,8 +71,8 @@ def test_cartpole_reaches_450_while_runners_are_killed():
 @pytest.mark.timeout(900)
 def test_pendulum_beats_random():
     # A uniformly random policy scores about -1200 to -1400 on Pendulum-v1.
-    best, result = train_until(experiment("pendulum"), "episode_return_mean", -400, 4_000_000)
-    assert best >= -400, result["env_runners"]
+    best, result = train_until(experiment("pendulum"), "episode_return_mean", -500, 8_000_000)
+    assert best >= -500, result["env_runners"]
 
 
 @pytest.mark.slow
