@@ -15,6 +15,7 @@ actions (and a C++ env given a NaN torque just integrates it).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import difflib
 import importlib
@@ -26,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 
-class VecEnv:
+class VecEnv(abc.ABC):
     """``num_envs`` copies of one env with next-step autoreset behind recv/send."""
 
     num_envs: int
@@ -34,17 +35,21 @@ class VecEnv:
     action_space: gym.Space  # of one env
     name: str
 
+    @abc.abstractmethod
     def async_reset(self) -> None:
-        raise NotImplementedError
+        """Resets every env; called exactly once, before the first recv."""
 
+    @abc.abstractmethod
     def recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        raise NotImplementedError
+        """(obs, reward, terminated, truncated) of every env, in env-id order."""
 
+    @abc.abstractmethod
     def send(self, action: np.ndarray) -> None:
-        raise NotImplementedError
+        """Steps every env with its row of ``action`` (already checked)."""
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Releases the envs."""
 
 
 @contextlib.contextmanager
