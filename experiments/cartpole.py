@@ -6,7 +6,7 @@ serves 128 envs (the runner thread, not envpool or the learner, was the bottlene
 fragments (T=10) and four minibatch updates per batch, since the learner idles otherwise; a
 small value-loss coefficient (0.02: CartPole's returns reach 100, and with shared layers a
 larger coefficient lets the value error swamp the policy gradient; 0.5 needed 2-3x the env
-steps); a larger learning rate, decayed; short iterations so the stop is checked often.
+steps); a learning rate chosen for stability over speed; short iterations so the stop is checked often.
 """
 
 from impala_jax import IMPALAConfig
@@ -16,9 +16,10 @@ config = (
     .environment("CartPole-v1")
     .env_runners(num_env_runners=1, num_envs_per_env_runner=256, rollout_fragment_length=10)
     .training(
-        # Large steps early, then decay: at a constant 0.003 the policy often collapses after
-        # solving (return 500 -> 10 within a few hundred K steps); the schedule keeps it at 500.
-        lr=[[0, 0.003], [1_000_000, 0.0003]],
+        # 0.001: larger rates (0.002-0.003, constant or decayed) reach 450 sooner on some seeds
+        # but often collapse the policy (return 500 -> 10 in one iteration); 5 of 5 seeds
+        # reached 450 at 0.001 and stayed near it (benchmarks/README.md).
+        lr=0.001,
         train_batch_size_per_learner=2560,
         minibatch_size=640,
         vf_loss_coeff=0.02,
