@@ -148,3 +148,19 @@ class DictObsEnv(NaNRewardEnv):
 
 class MultiDiscreteActionEnv(NaNRewardEnv):
     action_space = gym.spaces.MultiDiscrete([2, 3])
+
+
+class ContinuousBandit(gym.Env):
+    """One-step episodes, reward -(a - target)^2: the Gaussian policy's mean must find target."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+
+    def __init__(self, config=None):
+        self.target = dict(config or {}).get("target", 0.5)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), float(-((action[0] - self.target) ** 2)), True, False, {}

@@ -100,3 +100,26 @@ def test_rllib_doc_first_example():
     algo = config.build()
     algo.train()
     del algo
+
+
+@pytest.mark.timeout(240)
+def test_box_actions_learn_a_continuous_bandit():
+    from impala_jax import IMPALAConfig
+    from tests.fake_envs import ContinuousBandit
+
+    config = (
+        IMPALAConfig()
+        .environment(ContinuousBandit, env_config={"target": 0.5})
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=16, rollout_fragment_length=8)
+        .training(train_batch_size_per_learner=128, lr=3e-3, entropy_coeff=0.0, gamma=0.9)
+        .rl_module(model_config={"fcnet_hiddens": [16]})
+        .reporting(min_time_s_per_iteration=0)
+        .debugging(seed=0)
+    )
+    with config.build() as algo:
+        first = algo.train()["env_runners"]["episode_return_mean"]
+        for _ in range(200):
+            result = algo.train()
+        mean_action = algo.compute_single_action(np.zeros(1, np.float32))
+    assert abs(mean_action[0] - 0.5) < 0.1, mean_action
+    assert result["env_runners"]["episode_return_mean"] > max(-0.05, 10 * first)
