@@ -138,13 +138,12 @@ class IMPALA:
         self._eval_runner = None
         _LIVE.add(self)
         seed = config.seed if config.seed is not None else 0
-        learner_key, self._actor_key, self._eval_key = jax.random.split(jax.random.key(seed), 3)
+        learner_key, self._actor_key = jax.random.split(jax.random.key(seed))
         self._seed = seed
 
         devices = parallel.learner_devices(config.num_learners)
         T = config.get_rollout_fragment_length()
         self._T = T
-        self._num_envs = config.num_envs_per_env_runner
 
         probe = make_vec_env(config.env, 1, seed, config.env_config, "sync")
         obs_space = config.observation_space or probe.observation_space
@@ -238,9 +237,9 @@ class IMPALA:
                 stop=self._stop,
             )
 
-    def _warm_up_act(self, obs_space) -> None:
+    def _warm_up_act(self, obs_space) -> np.dtype:
         """Compiles ``act`` for the runners' batch shapes before any runner thread starts, so
-        compilation never counts against ``sample_timeout_s``."""
+        compilation never counts against ``sample_timeout_s``. Returns the action dtype."""
         params, _ = self.param_store.get()
         size = EnvRunner.group_sizes(self.config.num_envs_per_env_runner)[0]
         obs = np.zeros((size, *obs_space.shape), obs_space.dtype)
