@@ -43,15 +43,24 @@ def return_env_config(num_env_runners, num_envs):
     )
 
 
+@pytest.fixture
+def two_env_groups(monkeypatch):
+    """Forces the two alternating env groups per runner even on a 2-core machine."""
+    from impala_jax.env_runner import EnvRunner
+
+    monkeypatch.setattr(EnvRunner, "split_min_cpus", 1)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("num_env_runners,num_envs", [(0, 3), (0, 8), (1, 8)])
-def test_time_alignment_end_to_end(num_env_runners, num_envs):
+def test_time_alignment_end_to_end(num_env_runners, num_envs, two_env_groups):
     """Values read from the observations are the true values: V-trace must reproduce them.
 
     Covers terminations, truncations (bootstrapping from the final observation), the reset
     rows of next-step autoreset, and fragment boundaries (T=5 < episode lengths up to 12).
     """
     with return_env_config(num_env_runners, num_envs).build() as algo:
+        assert len(algo._runners[0].groups) == (2 if num_envs == 8 else 1)
         seen_term = seen_trunc = seen_reset = 0
         for _ in range(12):
             batch, _ = algo._next_batch()
