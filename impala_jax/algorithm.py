@@ -171,11 +171,10 @@ class IMPALA:
             # Never apply a non-finite update on device; train() stops the run instead.
             max_consecutive_non_finite=2**31 - 1,
         )
-        entropy = config.resolved_entropy_coeff
         loss_spec = LossSpec(
             gamma=config.gamma,
             vf_loss_coeff=config.vf_loss_coeff,
-            entropy_coeff=entropy if isinstance(entropy, float | int) else _tuples(entropy),
+            entropy_coeff=config.resolved_entropy_coeff,  # optim.piecewise_linear validates it
             clip_rho_threshold=config.vtrace_clip_rho_threshold,
             clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
             clip_rewards=_clip_rewards(config),
@@ -695,10 +694,6 @@ class IMPALA:
             self.stop()
         except Exception:
             pass
-
-
-def _tuples(schedule) -> tuple:
-    return tuple((float(t), float(v)) for t, v in schedule)
 
 
 def _jsonable(value: Any):

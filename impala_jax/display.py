@@ -11,21 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from impala_jax import loggers
+from impala_jax.metrics import lookup
 
 BUDGET_KEYS = ("num_env_steps_sampled_lifetime", "training_iteration", "time_total_s")
-
-
-def lookup(result: dict, key: str, nan: Any = None) -> float | None:
-    node: Any = result
-    for part in key.split("/"):
-        if not isinstance(node, dict) or part not in node:
-            return nan
-        node = node[part]
-    try:
-        value = float(node)
-    except (TypeError, ValueError):
-        return nan
-    return value if value == value else None
 
 
 def eta_s(result: dict, stop: dict, steps_per_s: float | None) -> float | None:

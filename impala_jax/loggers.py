@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from impala_jax.metrics import flatten, get_path
+from impala_jax.metrics import flatten, lookup
 
 RESULT_FILE = "result.json"
 PROGRESS_FILE = "progress.csv"
@@ -224,10 +224,8 @@ class CurvePlotter:
 
     def _add(self, result: Mapping) -> None:
         def get(key: str) -> float:
-            try:
-                return float(get_path(result, key))
-            except (KeyError, TypeError, ValueError):
-                return math.nan
+            value = lookup(result, key)
+            return math.nan if value is None else value
 
         steps = get(STEPS_KEY)
         mean = get(RETURN_KEY)

@@ -6,6 +6,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from typing import Any
 
 import numpy as np
 
@@ -78,12 +79,21 @@ class EpisodeStats:
         }
 
 
-def get_path(result: dict, path: str):
-    """``get_path(r, "env_runners/episode_return_mean")``: Tune's slash paths into the dict."""
-    node = result
+def lookup(result: dict, path: str, missing: Any = None) -> float | None:
+    """The number at Tune's slash ``path`` (``"env_runners/episode_return_mean"``).
+
+    ``missing`` when the path or a number is not there; None when the value is NaN.
+    """
+    node: Any = result
     for part in path.split("/"):
+        if not isinstance(node, dict) or part not in node:
+            return missing
         node = node[part]
-    return node
+    try:
+        value = float(node)
+    except (TypeError, ValueError):
+        return missing
+    return value if value == value else None
 
 
 def flatten(result: dict, prefix: str = "") -> dict:

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from impala_jax import loggers
-from impala_jax.display import Display, lookup
+from impala_jax.display import Display
+from impala_jax.metrics import lookup
 
 EXAMPLES = """examples:
   python -m impala_jax.run experiments/cartpole.py
