@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# RLlib's DefaultModelConfig keys plus impala_jax's own: one table, documented in config.py.
-from impala_jax.config import DEFAULT_MODEL_CONFIG, ENCODERS
+# RLlib's DefaultModelConfig keys plus impala_jax's own: one table, documented in docs/config.md.
+from impala_jax.model_config import DEFAULT_MODEL_CONFIG, ENCODERS
 
 Params = dict[str, Any]
 

@@ -1,0 +1,554 @@
+"""Validation of an `IMPALAConfig`: the builders' setter-time checks and `validate()`'s checks.
+
+`IMPALAConfig.validate()` is the entry point: it calls `validate_config`, which collects every
+problem and raises one ValueError naming each field, its value and the fix. ``SETTER_CHECKS`` are
+the few checks RLlib makes as soon as a builder is called. The dependency runs one way:
+``impala_jax.config`` imports this module, never the reverse (the config is passed in). What each
+rule is, and where it is stricter than RLlib, is listed in ``docs/config.md``.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+import dataclasses
+import numbers
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from impala_jax.model_config import ACTIVATIONS, DEFAULT_MODEL_CONFIG, ENCODERS
+
+if TYPE_CHECKING:
+    from impala_jax.config import IMPALAConfig
+
+OPT_TYPES = ("adam", "rmsprop")
+GRAD_CLIP_BY = ("value", "norm", "global_norm")
+LOG_LEVELS = ("DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL")
+
+_UNSET = object()  # Validator.fail(): no value given, report the field's own
+
+
+def is_search_space(value: Any) -> bool:
+    """A Ray Tune value a trial has not resolved yet (what ``tune.grid_search`` etc. return)."""
+    if isinstance(value, dict):
+        return len(value) == 1 and "grid_search" in value
+    return type(value).__module__.startswith("ray.tune")
+
+
+def find_search_space(value: Any) -> bool:
+    if is_search_space(value):
+        return True
+    if isinstance(value, Mapping):
+        return any(find_search_space(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(find_search_space(v) for v in value)
+    return False
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def is_schedule(x: Any) -> bool:
+    return isinstance(x, list | tuple)
+
+
+def _schedule_problem(value: Any) -> str | None:
+    """Why `value` is not a valid [[timestep, value], ...] schedule, or None."""
+    if not isinstance(value, list | tuple) or len(value) < 2:
+        return "a schedule needs at least 2 [timestep, value] pairs"
+    for point in value:
+        if not isinstance(point, list | tuple) or len(point) != 2:
+            return f"entry {point!r} is not a [timestep, value] pair"
+        if not (_is_real(point[0]) and point[0] >= 0 and _is_real(point[1])):
+            return f"entry {point!r} needs a timestep >= 0 and a numeric value"
+        if point[1] < 0:
+            return f"entry {point!r} has a negative value"
+    if value[0][0] != 0:
+        return f"the first timestep must be 0, not {value[0][0]!r}"
+    steps = [p[0] for p in value]
+    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+        return f"timesteps {steps} must be strictly increasing"
+    return None
+
+
+def merge_model_config(value: Any) -> Any:
+    """`value` merged over DEFAULT_MODEL_CONFIG (a search space is kept as it is).
+
+    The setter of ``model_config`` and its setter-time check: a non-dict or an unknown key raises.
+    """
+    if is_search_space(value):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"model_config={value!r}: expected a dict with keys from "
+            f"{sorted(DEFAULT_MODEL_CONFIG)}."
+        )
+    unknown = [k for k in value if k not in DEFAULT_MODEL_CONFIG]
+    if unknown:
+        raise ValueError(
+            f"model_config has unknown key(s) {unknown}; valid keys: "
+            f"{sorted(DEFAULT_MODEL_CONFIG)}."
+        )
+    merged = _copy.deepcopy(dict(DEFAULT_MODEL_CONFIG))
+    merged.update(_copy.deepcopy(dict(value)))
+    return merged
+
+
+def _check_deprecated_aggregation(name: str, replacement: str) -> Any:
+    def check(value: Any) -> None:
+        if value != -1:
+            raise ValueError(
+                f"{name}={value!r}: {name} is deprecated (as in RLlib); leave it at -1 and use "
+                f"{replacement} instead."
+            )
+
+    return check
+
+
+def _check_grad_clip_by(value: Any) -> None:
+    if not is_search_space(value) and value not in GRAD_CLIP_BY:
+        raise ValueError(f"grad_clip_by={value!r}: expected one of {GRAD_CLIP_BY}.")
+
+
+def _check_rollout_fragment_length(value: Any) -> None:
+    if is_search_space(value) or value == "auto":
+        return
+    if not (_is_int(value) and value > 0):
+        raise ValueError(
+            f"rollout_fragment_length={value!r}: expected an int > 0 or 'auto' (the train batch "
+            f"divided over all envs)."
+        )
+
+
+def _check_model_config(value: Any) -> None:
+    merge_model_config(value)
+
+
+# Checks RLlib makes as soon as the builder is called; everything else waits for validate().
+SETTER_CHECKS = {
+    "num_aggregation_workers": _check_deprecated_aggregation(
+        "num_aggregation_workers", "learners(num_aggregator_actors_per_learner=..)"
+    ),
+    "max_requests_in_flight_per_aggregator_worker": _check_deprecated_aggregation(
+        "max_requests_in_flight_per_aggregator_worker",
+        "learners(max_requests_in_flight_per_aggregator_actor=..)",
+    ),
+    "grad_clip_by": _check_grad_clip_by,
+    "rollout_fragment_length": _check_rollout_fragment_length,
+    "model_config": _check_model_config,
+}
+
+
+def validate_config(config: IMPALAConfig, field_to_builder: Mapping[str, str]) -> None:
+    """Raises one ValueError listing every invalid field of `config`, its value and the fix.
+
+    `field_to_builder` maps each field to the builder method that sets it (for the hint).
+    """
+    _Validator(config, field_to_builder).run()
+
+
+class _Validator:
+    """Collects every problem of one config; a field already found bad is not checked again."""
+
+    def __init__(self, config: IMPALAConfig, field_to_builder: Mapping[str, str]):
+        self.c = config
+        self.field_to_builder = field_to_builder
+        self.errors: list[str] = []
+        self.bad: set[str] = set()
+
+    def value(self, name: str) -> Any:
+        return self.c._raw(name)
+
+    def ok(self, *names: str) -> bool:
+        """True when every field is concrete (not a search space) and not already bad."""
+        return not any(n in self.bad or find_search_space(self.value(n)) for n in names)
+
+    def fail(self, name: str, message: str, value: Any = _UNSET) -> None:
+        value = self.value(name) if value is _UNSET else value
+        field = name.split("[")[0]
+        how = f".{self.field_to_builder[field]}({field}=...)"
+        self.errors.append(f"{name}={value!r}: {message} (set with {how}).")
+        self.bad.add(name)
+
+    def check(self, name: str, predicate: Any, expected: str) -> None:
+        if not self.ok(name):
+            return
+        try:
+            good = bool(predicate(self.value(name)))
+        except Exception:  # a predicate that cannot even be evaluated means a wrong type
+            good = False
+        if not good:
+            self.fail(name, f"expected {expected}")
+
+    def boolean(self, *names: str) -> None:
+        for name in names:
+            self.check(name, lambda v: isinstance(v, bool), "True or False")
+
+    def integer(self, name: str, low: int, none_ok: bool = False) -> None:
+        self.check(
+            name,
+            lambda v: (none_ok and v is None) or (_is_int(v) and v >= low),
+            f"an int >= {low}" + (" or None" if none_ok else ""),
+        )
+
+    def real(self, name: str, low: float, *, open_low: bool = False, none_ok: bool = False) -> None:
+        self.check(
+            name,
+            lambda v: (
+                (none_ok and v is None) or (_is_real(v) and (v > low if open_low else v >= low))
+            ),
+            f"a number {'>' if open_low else '>='} {low}" + (" or None" if none_ok else ""),
+        )
+
+    def choice(self, name: str, options: tuple, note: str = "") -> None:
+        self.check(name, lambda v: v in options, f"one of {options}{note}")
+
+    def run(self) -> None:
+        self._environment()
+        self._env_runners()
+        self._training()
+        self._batch_sizes()
+        self._learners()
+        self._model_config()
+        self._evaluation()
+        self._rest()
+        if self.errors:
+            raise ValueError("Invalid IMPALAConfig:\n  " + "\n  ".join(self.errors))
+
+    def _environment(self) -> None:
+        c = self
+        c.check(
+            "env",
+            lambda v: v is None or isinstance(v, str) or callable(v),
+            "an env id such as 'CartPole-v1', an import path 'pkg.mod:Env', an env class or a "
+            "creator function",
+        )
+        c.check("env_config", lambda v: isinstance(v, Mapping), "a dict")
+        for name in ("observation_space", "action_space"):
+            c.check(
+                name, lambda v: v is None or hasattr(v, "contains"), "None or a gymnasium space"
+            )
+        c.check("render_env", lambda v: v is False, "False (impala_jax does not render envs)")
+        c.check(
+            "clip_rewards",
+            lambda v: v is None or isinstance(v, bool) or (_is_real(v) and v > 0),
+            "None/False (off), True (sign) or a float > 0 (clip to [-c, c])",
+        )
+        c.boolean("normalize_actions", "clip_actions", "disable_env_checking")
+        c.check("is_atari", lambda v: v is None or isinstance(v, bool), "None (detect) or a bool")
+        c.check("action_mask_key", lambda v: isinstance(v, str), "a string")
+
+    def _env_runners(self) -> None:
+        c = self
+        for name in ("env_runner_cls", "learner_class"):
+            c.check(
+                name,
+                lambda v: v is None or isinstance(v, str | type),
+                "None (impala_jax's own), a class or its import path",
+            )
+        c.integer("num_env_runners", 0)
+        c.integer("num_envs_per_env_runner", 1)
+        c.check(
+            "gym_env_vectorize_mode",
+            lambda v: v.lower() in ("sync", "async"),
+            "'sync' or 'async' (case-insensitive)",
+        )
+        c.real("num_cpus_per_env_runner", 0)
+        c.real("num_gpus_per_env_runner", 0)
+        c.real("sample_timeout_s", 0, open_low=True)
+        c.integer("max_requests_in_flight_per_env_runner", 1)
+        c.boolean("compress_observations", "explore")
+        c.check(
+            "rollout_fragment_length",
+            lambda v: v == "auto" or (_is_int(v) and v > 0),
+            "an int > 0 or 'auto'",
+        )
+        c.check(
+            "batch_mode",
+            lambda v: v == "truncate_episodes",
+            "'truncate_episodes': impala_jax only supports truncate_episodes (fragments of T "
+            "steps that cut across episodes); 'complete_episodes' is not supported",
+        )
+        c.check(
+            "observation_filter",
+            lambda v: v == "NoFilter",
+            "'NoFilter': MeanStdFilter and other filters are not supported yet",
+        )
+
+    def _training(self) -> None:
+        c, cfg = self, self.c
+        c.check("vtrace", lambda v: v is True, "True: impala_jax always uses V-trace")
+        c.real("vtrace_clip_rho_threshold", 0, open_low=True)
+        c.real("vtrace_clip_pg_rho_threshold", 0, open_low=True)
+        c.integer("num_gpu_loader_threads", 1)
+        c.integer("num_multi_gpu_tower_stacks", 1)
+        c.integer("minibatch_buffer_size", 1)
+        c.real("replay_proportion", 0)
+        c.integer("replay_buffer_num_slots", 0)
+        if c.ok("replay_proportion", "replay_buffer_num_slots") and cfg.replay_proportion > 0:
+            if cfg.replay_buffer_num_slots < 1:
+                c.fail(
+                    "replay_buffer_num_slots",
+                    f"replay_proportion={cfg.replay_proportion!r} > 0 turns replay on and needs "
+                    f"replay_buffer_num_slots >= 1",
+                )
+        c.integer("learner_queue_size", 1)
+        c.real("learner_queue_timeout", 0, open_low=True)
+        c.real("timeout_s_sampler_manager", 0)
+        c.real("timeout_s_aggregator_manager", 0)
+        c.integer("broadcast_interval", 1)
+        c.real("grad_clip", 0, open_low=True, none_ok=True)
+        c.choice("grad_clip_by", GRAD_CLIP_BY)
+        c.choice("opt_type", OPT_TYPES)
+        c.check("decay", lambda v: _is_real(v) and 0 <= v < 1, "a number in [0, 1)")
+        c.real("momentum", 0)
+        c.real("epsilon", 0, open_low=True)
+        c.real("vf_loss_coeff", 0)
+        c.check("gamma", lambda v: _is_real(v) and 0 <= v <= 1, "a number in [0, 1]")
+        self._schedule("lr", "lr_schedule", "> 0", open_low=True)
+        self._schedule("entropy_coeff", "entropy_coeff_schedule", ">= 0", open_low=False)
+        c.boolean("_separate_vf_optimizer", "shuffle_batch_per_epoch")
+        c.check(
+            "num_aggregation_workers", lambda v: v == -1, "-1 (deprecated; use num_aggregator_...)"
+        )
+        c.check(
+            "max_requests_in_flight_per_aggregator_worker", lambda v: v == -1, "-1 (deprecated)"
+        )
+        if c.ok("_separate_vf_optimizer") and cfg._separate_vf_optimizer:
+            c.real("_lr_vf", 0, open_low=True)
+            if c.ok("model_config") and cfg.model_config.get("vf_share_layers") is True:
+                c.fail(
+                    "_separate_vf_optimizer",
+                    "a separate value optimizer needs separate value layers; also set "
+                    "rl_module(model_config={'vf_share_layers': False})",
+                )
+        c.integer("num_epochs", 1)
+
+    def _schedule(self, name: str, schedule_name: str, float_rule: str, open_low: bool) -> None:
+        c = self
+        value, schedule = self.value(name), self.value(schedule_name)
+        if c.ok(name):
+            if is_schedule(value):
+                problem = _schedule_problem(value)
+                if problem:
+                    c.fail(name, f"invalid schedule: {problem}; expected [[0, v0], [t1, v1], ...]")
+                elif schedule is not None:
+                    c.fail(
+                        name,
+                        f"{name} is a schedule and {schedule_name} is also set; give the "
+                        f"schedule once",
+                    )
+            else:
+                c.check(
+                    name,
+                    lambda v: _is_real(v) and (v > 0 if open_low else v >= 0),
+                    f"a float {float_rule} or a schedule [[0, v0], [t1, v1], ...]",
+                )
+        if c.ok(schedule_name) and schedule is not None:
+            problem = _schedule_problem(schedule)
+            if problem:
+                c.fail(schedule_name, f"invalid schedule: {problem}; expected [[0, v0], ...]")
+
+    def _batch_sizes(self) -> None:
+        c, cfg = self, self.c
+        c.integer("train_batch_size", 1)
+        c.integer("train_batch_size_per_learner", 1, none_ok=True)
+        c.integer("minibatch_size", 1, none_ok=True)
+        sizes = (
+            "train_batch_size",
+            "train_batch_size_per_learner",
+            "rollout_fragment_length",
+            "num_learners",
+            "num_env_runners",
+            "num_envs_per_env_runner",
+        )
+        if not c.ok(*sizes) or not _is_int(cfg.num_learners) or cfg.num_learners < 0:
+            return
+        t = cfg.get_rollout_fragment_length()
+        per_learner = cfg.train_batch_size_per_learner
+        name = (
+            "train_batch_size_per_learner"
+            if cfg._train_batch_size_per_learner is not None
+            else "train_batch_size"
+        )
+        if per_learner % t:
+            divisor = max(d for d in range(1, t + 1) if per_learner % d == 0)
+            if cfg.rollout_fragment_length == "auto":
+                how = (
+                    f"rollout_fragment_length='auto' gives {t} (total batch // all envs), which "
+                    f"does not divide it; set rollout_fragment_length={divisor}"
+                )
+            else:
+                how = (
+                    f"use a multiple of rollout_fragment_length={t} (e.g. "
+                    f"{max(t, per_learner // t * t)}) or set rollout_fragment_length={divisor}"
+                )
+            c.fail(
+                name, f"the per-learner train batch must split into fragments: {how}", per_learner
+            )
+        if c.ok("minibatch_size") and cfg.minibatch_size is not None:
+            total = cfg.total_train_batch_size
+            if cfg.minibatch_size % t:
+                c.fail("minibatch_size", f"must be a multiple of rollout_fragment_length={t}")
+            elif cfg.minibatch_size > total:
+                c.fail(
+                    "minibatch_size",
+                    f"must be <= the total train batch ({total} = train_batch_size_per_learner "
+                    f"* max(1, num_learners))",
+                )
+
+    def _learners(self) -> None:
+        c = self
+        c.integer("num_learners", 0)
+        if c.ok("num_learners"):
+            import jax  # here, not at import: importing the config must not start JAX
+
+            available = len(jax.devices())
+            if self.c.num_learners > available:
+                c.fail(
+                    "num_learners",
+                    f"only {available} JAX device(s) are present ({jax.default_backend()}); use "
+                    f"num_learners <= {available}",
+                )
+        c.check(
+            "num_cpus_per_learner",
+            lambda v: v == "auto" or (_is_real(v) and v >= 0),
+            "'auto' or a number >= 0",
+        )
+        c.real("num_gpus_per_learner", 0)
+        c.integer("num_aggregator_actors_per_learner", 0)
+        c.integer("max_requests_in_flight_per_aggregator_actor", 1)
+        c.integer("local_gpu_idx", 0)
+
+    def _model_config(self) -> None:
+        c = self
+        if not c.ok("model_config"):
+            return
+        mc = self.c.model_config
+        unknown = [k for k in mc if k not in DEFAULT_MODEL_CONFIG]
+        if unknown:
+            c.fail(
+                "model_config", f"unknown key(s) {unknown}; valid: {sorted(DEFAULT_MODEL_CONFIG)}"
+            )
+            return
+
+        def key(k: str, predicate: Any, expected: str) -> None:
+            v = mc.get(k, DEFAULT_MODEL_CONFIG[k])
+            if find_search_space(v):
+                return
+            try:
+                good = bool(predicate(v))
+            except Exception:
+                good = False
+            if not good:
+                c.fail(f"model_config['{k}']", f"expected {expected}", v)
+
+        def ints(v: Any) -> bool:
+            return isinstance(v, list | tuple) and all(_is_int(x) and x > 0 for x in v)
+
+        def filters(v: Any) -> bool:
+            return v is None or (
+                isinstance(v, list | tuple)
+                and len(v) > 0
+                and all(isinstance(f, list | tuple) and len(f) == 3 and ints(f) for f in v)
+            )
+
+        key("fcnet_hiddens", ints, "a list of positive ints")
+        key("head_fcnet_hiddens", ints, "a list of positive ints (may be empty)")
+        key("impala_cnn_channels", lambda v: ints(v) and len(v) > 0, "a non-empty list of ints > 0")
+        for k in ("fcnet_activation", "conv_activation", "head_fcnet_activation"):
+            key(
+                k,
+                lambda v: (v.lower() if isinstance(v, str) else v) in ACTIVATIONS,
+                f"one of {ACTIVATIONS} (None = linear)",
+            )
+        key("conv_filters", filters, "None or a list of [out_channels, kernel, stride] (ints > 0)")
+        key("encoder", lambda v: v in ENCODERS, f"one of {ENCODERS}")
+        for k in ("fcnet_use_layernorm", "free_log_std", "vf_share_layers"):
+            key(k, lambda v: isinstance(v, bool), "True or False")
+        for k in ("lstm_use_prev_action", "lstm_use_prev_reward"):
+            key(k, lambda v: isinstance(v, bool), "True or False")
+        key("log_std_clip_param", lambda v: _is_real(v) and v > 0, "a number > 0")
+        key("use_lstm", lambda v: v is False, "False: LSTM policies are not supported yet")
+        key("max_seq_len", lambda v: _is_int(v) and v > 0, "an int > 0")
+        key("lstm_cell_size", lambda v: _is_int(v) and v > 0, "an int > 0")
+
+    def _evaluation(self) -> None:
+        c, cfg = self, self.c
+        c.integer("evaluation_interval", 0, none_ok=True)
+        c.check(
+            "evaluation_duration",
+            lambda v: v == "auto" or (_is_int(v) and v >= 1),
+            "an int >= 1, or 'auto' with evaluation_parallel_to_training=True",
+        )
+        c.choice("evaluation_duration_unit", ("episodes", "timesteps"))
+        c.real("evaluation_sample_timeout_s", 0, open_low=True)
+        c.boolean("evaluation_parallel_to_training", "evaluation_force_reset_envs_before_iteration")
+        c.integer("evaluation_num_env_runners", 0)
+        c.check(
+            "custom_evaluation_function",
+            lambda v: v is None or callable(v),
+            "None or a function algo -> metrics dict",
+        )
+        parallel = ("evaluation_parallel_to_training", "evaluation_num_env_runners")
+        if c.ok(*parallel) and cfg.evaluation_parallel_to_training:
+            if cfg.evaluation_num_env_runners < 1:
+                c.fail(
+                    "evaluation_parallel_to_training",
+                    "parallel evaluation needs its own runner threads; also set "
+                    "evaluation(evaluation_num_env_runners=1) or more",
+                )
+        if c.ok("evaluation_duration", *parallel) and cfg.evaluation_duration == "auto":
+            if not cfg.evaluation_parallel_to_training:
+                c.fail(
+                    "evaluation_duration",
+                    "'auto' only works with evaluation_parallel_to_training=True; give an int",
+                )
+        if c.ok("evaluation_config") and cfg.evaluation_config is not None:
+            self._evaluation_config(cfg.evaluation_config)
+
+    def _evaluation_config(self, overrides: Any) -> None:
+        if not isinstance(overrides, Mapping):
+            self.fail("evaluation_config", "expected None or a dict of field overrides")
+            return
+        trial = self.c.copy(copy_frozen=False)
+        trial.evaluation_config = None
+        try:
+            trial.update_from_dict(overrides)
+            trial.validate()
+        except ValueError as e:
+            problems = str(e).removeprefix("Invalid IMPALAConfig:").strip().replace("\n  ", "; ")
+            self.fail("evaluation_config", f"the evaluation config would be invalid: {problems}")
+
+    def _rest(self) -> None:
+        c = self
+        c.integer("metrics_num_episodes_for_smoothing", 1)
+        c.real("min_time_s_per_iteration", 0, none_ok=True)
+        c.integer("min_train_timesteps_per_iteration", 0, none_ok=True)
+        c.integer("min_sample_timesteps_per_iteration", 0, none_ok=True)
+        c.integer("max_num_env_runner_restarts", 0)
+        c.real("delay_between_env_runner_restarts_s", 0)
+        c.integer("num_consecutive_env_runner_failures_tolerance", 0)
+        c.real("env_runner_health_probe_timeout_s", 0, open_low=True)
+        c.real("env_runner_restore_timeout_s", 0, open_low=True)
+        c.boolean(
+            "log_gradients",
+            "restart_failed_env_runners",
+            "ignore_env_runner_failures",
+            "restart_failed_sub_environments",
+            "export_native_model_files",
+            "checkpoint_trainable_policies_only",
+            "_env_runners_only",
+            "_skip_learners",
+            "log_sys_usage",
+            "fake_sampler",
+        )
+        c.check("log_level", lambda v: v.upper() in LOG_LEVELS, f"one of {LOG_LEVELS}")
+        c.integer("seed", 0, none_ok=True)
+        c.real("num_cpus_for_main_process", 0)
