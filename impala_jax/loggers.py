@@ -340,6 +340,36 @@ def read_results(run_dir: Path) -> list[dict]:
     return out
 
 
+def open_writers(
+    run_dir: Path,
+    name: str,
+    stop: Mapping[str, Any],
+    resume_iteration: int | None = None,
+    resume_steps: int | None = None,
+    wandb: tuple[dict, str, str] | None = None,
+) -> list:
+    """Every writer of a run; if one fails to open, those opened before it are closed.
+
+    ``resume_iteration`` and ``resume_steps``: the counters of the checkpoint resumed from (None:
+    a new run). ``wandb``: WandbLogger's ``(config, project, run_id)``, None for no W&B. The curve
+    reads its history after JsonLogger has cut result.json back to ``resume_iteration``.
+    """
+    writers: list = []
+    try:
+        writers.append(JsonLogger(run_dir, resume_iteration))
+        writers.append(CSVLogger(run_dir, resume_iteration))
+        writers.append(TensorBoardLogger(run_dir, (resume_steps + 1) if resume_steps else None))
+        history = read_results(run_dir) if resume_iteration is not None else ()
+        writers.append(CurvePlotter(run_dir, stop, title=name, history=history))
+        if wandb is not None:
+            writers.append(WandbLogger(run_dir, name, *wandb))
+    except BaseException:
+        for writer in writers:
+            writer.close()
+        raise
+    return writers
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)

@@ -1,4 +1,4 @@
-"""The CLI: override and stop parsing in-process, and the real thing in a few subprocesses.
+"""The CLI: error paths and the loggers in-process, and the real thing in a few subprocesses.
 
 Subprocess runs cost ~6-10 s each (JAX import and compiles), so the end-to-end story is two of
 them: a run stopped by SIGINT after its first result, then ``--resume`` of that run to a step
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from impala_jax import IMPALAConfig, display, loggers, run
-from impala_jax.run import RunError
+from impala_jax.run_dir import checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = str(ROOT / "experiments" / "cartpole.py")
@@ -69,73 +69,6 @@ def event_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
 # ---------------------------------------------------------------------------- in-process
 
 
-def config():
-    return IMPALAConfig().environment("CartPole-v1")
-
-
-def test_parse_value():
-    assert run.parse_value("3e-4") == 3e-4
-    assert run.parse_value("[64, 64]") == [64, 64]
-    assert run.parse_value("None") is None
-    assert run.parse_value("CartPole-v1") == "CartPole-v1"
-    assert run.parse_value("pkg.mod:Env") == "pkg.mod:Env"
-    with pytest.raises(RunError, match="not a Python literal"):
-        run.parse_value("[1, 2")
-
-
-def test_overrides_go_through_the_builders():
-    c = config().rl_module(model_config={"encoder": "mlp", "fcnet_hiddens": [4]})
-    run.apply_overrides(
-        c,
-        [
-            "training.lr=1e-3",
-            "env_runners.num_envs_per_env_runner=8",
-            "environment.env=Pendulum-v1",
-            "rl_module.model_config.fcnet_hiddens=[32, 32]",
-            "environment.env_config.max_episode_steps=50",
-        ],
-    )
-    assert c.lr == 1e-3 and c.num_envs_per_env_runner == 8 and c.env == "Pendulum-v1"
-    assert c.model_config["fcnet_hiddens"] == [32, 32]
-    assert c.model_config["encoder"] == "mlp"  # a key override keeps the rest of the dict
-    assert c.env_config == {"max_episode_steps": 50}
-
-
-@pytest.mark.parametrize(
-    "override,message",
-    [
-        ("training.lr", "section.field=value"),
-        ("trainng.lr=1", "did you mean 'training'"),
-        ("training.num_env_runners=2", "set by env_runners.num_env_runners"),
-        ("training.lrr=1", "did you mean training.lr"),
-        ("env_runners.rollout_fragment_length=-3", "rollout_fragment_length"),
-        ("rl_module.model_config.fcnet_hidden=[1]", "fcnet_hidden"),
-        ("training.lr=[1,", "not a Python literal"),
-    ],
-)
-def test_override_errors(override, message):
-    with pytest.raises(RunError, match=message) as err:
-        run.apply_overrides(config(), [override])
-    assert "\n" not in str(err.value)
-
-
-def test_stop_parsing_and_criteria():
-    stop = run.parse_stop(["env_runners/episode_return_mean=450", "time_total_s=60"])
-    assert stop == {"env_runners/episode_return_mean": 450, "time_total_s": 60}
-    with pytest.raises(RunError, match="not a number"):
-        run.parse_stop(["training_iteration=soon"])
-    with pytest.raises(RunError, match="KEY=VALUE"):
-        run.parse_stop(["training_iteration"])
-    result = {"env_runners": {"episode_return_mean": float("nan")}, "time_total_s": 10.0}
-    assert run.stop_reached(result, stop) is None  # NaN (no episode yet) never stops
-    result["env_runners"]["episode_return_mean"] = 451.0
-    assert run.stop_reached(result, stop) == "env_runners/episode_return_mean=451 >= 450"
-    assert run.missing_stop_keys(result, {"env_runners/episode_return": 1}) == [
-        "env_runners/episode_return"
-    ]
-    assert run.missing_stop_keys(result, {"evaluation/env_runners/episode_return_mean": 1}) == []
-
-
 def test_eta_and_budget():
     result = {"num_env_steps_sampled_lifetime": 1000, "training_iteration": 10, "time_total_s": 20}
     assert display.eta_s(result, {"env_runners/episode_return_mean": 1}, 100.0) is None
@@ -144,30 +77,6 @@ def test_eta_and_budget():
     assert display.eta_s(result, {"time_total_s": 25, "training_iteration": 100}, 1.0) == 5.0
     assert display.budget_fraction(result, {"num_env_steps_sampled_lifetime": 4000}) == 0.25
     assert display.budget_fraction(result, {}) is None
-
-
-def test_one_line():
-    err = ValueError("Invalid IMPALAConfig:\n  gamma=3: bad.\n  lr=-1: bad.")
-    assert run.one_line(err) == "Invalid IMPALAConfig: gamma=3: bad.; lr=-1: bad."
-
-
-def test_experiment_file_errors(tmp_path):
-    with pytest.raises(RunError, match="does not exist"):
-        run.load_experiment(tmp_path / "nope.py")
-    broken = tmp_path / "broken.py"
-    broken.write_text("config = (\n")
-    with pytest.raises(RunError, match="SyntaxError"):
-        run.load_experiment(broken)
-    empty = tmp_path / "empty.py"
-    empty.write_text("x = 1\n")
-    with pytest.raises(RunError, match="module-level `config`"):
-        run.load_experiment(empty)
-    bad_stop = tmp_path / "bad_stop.py"
-    bad_stop.write_text(
-        "from impala_jax import IMPALAConfig\nconfig = IMPALAConfig()\nstop = {'a': 'x'}\n"
-    )
-    with pytest.raises(RunError, match="not a number"):
-        run.load_experiment(bad_stop)
 
 
 def test_main_reports_config_errors_in_one_line(tmp_path, capsys):
@@ -179,33 +88,6 @@ def test_main_reports_config_errors_in_one_line(tmp_path, capsys):
     assert not list(tmp_path.iterdir())  # nothing is created for a config that fails
     assert run.main(["--resume", str(tmp_path)]) == 2
     assert "not a run directory" in capsys.readouterr().err
-
-
-def test_devices_sets_xla_flags_before_jax(monkeypatch):
-    with pytest.raises(RunError, match="before JAX is imported"):
-        run.set_jax_environment(2)  # this process imported JAX long ago
-    monkeypatch.delitem(sys.modules, "jax")
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --other")
-    monkeypatch.setenv("JAX_PLATFORMS", "")
-    run.set_jax_environment(4)
-    assert os.environ["XLA_FLAGS"].split() == [
-        "--other",
-        "--xla_force_host_platform_device_count=4",
-    ]
-    assert os.environ["JAX_PLATFORMS"] == "cpu"
-
-
-def test_checkpoint_pruning(tmp_path):
-    class FakeAlgo:
-        def save(self, path):
-            Path(path).mkdir()
-            (Path(path) / "state.json").write_text("{}")
-            return str(path)
-
-    for i in (2, 4, 6, 8):
-        run.save_checkpoint(FakeAlgo(), tmp_path, i, keep=3)
-    (tmp_path / ".checkpoint_000010.tmp-x").mkdir()  # a save cut short: never listed
-    assert [i for i, _ in run.checkpoints(tmp_path)] == [4, 6, 8]
 
 
 def test_json_and_csv_loggers_resume_cleanly(tmp_path):
@@ -348,7 +230,7 @@ def test_cli_sigint_then_resume(tmp_path):
     )
     (run_dir,) = tmp_path.iterdir()
     assert out.strip().endswith(f"run directory: {run_dir}")
-    ((interrupted_at, checkpoint),) = run.checkpoints(run_dir)[-1:]
+    ((interrupted_at, checkpoint),) = checkpoints(run_dir)[-1:]
     before = results(run_dir)
     assert before[-1]["training_iteration"] == interrupted_at  # checkpoint of the last result
     steps_before = before[-1]["num_env_steps_sampled_lifetime"]
@@ -404,5 +286,5 @@ def test_cli_sigint_then_resume(tmp_path):
     import matplotlib.image
 
     assert matplotlib.image.imread(run_dir / "learning_curve.png").shape[-1] in (3, 4)
-    final = run.checkpoints(run_dir)
+    final = checkpoints(run_dir)
     assert final[-1][0] == after[-1]["training_iteration"] and len(final) <= 3

@@ -1,0 +1,36 @@
+"""Process-wide JAX settings for a command line or a trial: forced CPU devices, the
+persistent compilation cache. Set by the caller that owns the process, never at library import.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from impala_jax.experiment import RunError
+
+
+def set_jax_environment(devices: int | None) -> None:
+    """Environment variables that JAX reads once, at import: set here, never by the library."""
+    if devices is None:
+        return
+    if "jax" in sys.modules:
+        raise RunError("--devices must be set before JAX is imported (run it as a fresh process)")
+    flags = re.sub(
+        r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")
+    )
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def enable_compile_cache(directory: str) -> None:
+    """Caches every compiled program on disk (the actor's act, the learner step)."""
+    if directory.lower() == "none":
+        return
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", directory)
+    # The default thresholds skip programs that compile in under a second: cache them all.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
