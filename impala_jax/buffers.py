@@ -167,3 +167,28 @@ class Loader:
             if self.error is not None:
                 raise self.error from None
             return None
+
+
+class MinibatchBuffer:
+    """RLlib's minibatch buffer: ``size`` device batches, each used ``num_epochs`` times.
+
+    Batches are served round-robin, so reuse of one batch is interleaved with the others
+    instead of back to back; a slot whose batch is used up takes the next new batch.
+    """
+
+    def __init__(self, size: int, num_epochs: int, next_batch):
+        self._next = next_batch
+        self._num_epochs = num_epochs
+        self._slots: list = [None] * size
+        self._uses_left = [0] * size
+        self._idx = 0
+
+    def next_batch(self):
+        i = self._idx
+        if self._uses_left[i] <= 0:
+            self._slots[i] = None  # release the device batch before fetching the next
+            self._slots[i] = self._next()
+            self._uses_left[i] = self._num_epochs
+        self._uses_left[i] -= 1
+        self._idx = (i + 1) % len(self._slots)
+        return self._slots[i]

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -77,3 +78,14 @@ def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
             "it is corrupt or was written by another program. Restore an older checkpoint."
         ) from err
     return {k: np.asarray(v) for k, v in arrays.items()}, meta
+
+
+def jsonable(value: Any):
+    """A config dict as JSON: a class or function env is stored by its import path."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if callable(value):
+        return f"{value.__module__}:{value.__qualname__}"
+    return value

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from impala_jax import losses, optim, parallel
@@ -211,7 +212,7 @@ class Learner:
         self.replay = parallel.put(replay, self.mesh, parallel.LEADING)
 
     def init_replay_from_leaves(self, leaves: list) -> None:
-        """Replay slots from the flat leaves of a saved ``Replay`` (see IMPALA.get_state)."""
+        """Replay slots from the flat leaves of a saved ``Replay`` (see state_arrays)."""
         *fields, count, key = leaves
         replay = Replay(Batch(*fields, param_version=None), count, key)
         self.replay = parallel.put(replay, self.mesh, parallel.LEADING)
@@ -258,3 +259,33 @@ class Learner:
             self.state, device_batch, self.replay, env_steps
         )
         return metrics
+
+    def state_arrays(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Host copies of the learner state's leaves (the key as raw key data) and of the
+        replay slots' leaves: what a checkpoint stores."""
+        state = jax.device_get(self.state)
+        state = state.replace(key=np.asarray(jax.random.key_data(self.state.key)))
+        replay = jax.device_get(jax.tree.leaves(self.replay))
+        return [np.asarray(x) for x in jax.tree.leaves(state)], [np.asarray(x) for x in replay]
+
+    def load_state_arrays(self, leaves: list, replay: list | None) -> None:
+        """The inverse of ``state_arrays``, placed on this learner's mesh.
+
+        Replay slots are per device: restored onto another device count they start empty.
+        """
+        template = self.state.replace(key=jax.random.key_data(self.state.key))
+        expected = [np.shape(x) for x in jax.tree.leaves(template)]
+        got = [np.shape(x) for x in leaves]
+        if expected != got:
+            raise ValueError(
+                "the checkpoint's learner arrays do not match this config's network and "
+                f"optimizer ({len(got)} arrays vs {len(expected)}, or different shapes); restore "
+                "it with the config it was saved with (IMPALA.from_checkpoint(path))."
+            )
+        restored: LearnerState = jax.tree.unflatten(jax.tree.structure(template), list(leaves))
+        restored = restored.replace(key=jax.random.wrap_key_data(np.asarray(restored.key)))
+        self.state = parallel.put(restored, self.mesh, parallel.REPLICATED)
+        if replay and self.step_spec.replay_columns:
+            n = self.num_devices
+            if len(replay[-1]) == n and len(replay[0]) == self.step_spec.replay_slots * n:
+                self.init_replay_from_leaves(list(replay))

@@ -60,10 +60,10 @@ def test_time_alignment_end_to_end(num_env_runners, num_envs, two_env_groups):
     rows of next-step autoreset, and fragment boundaries (T=5 < episode lengths up to 12).
     """
     with return_env_config(num_env_runners, num_envs).build() as algo:
-        assert len(algo._runners[0].groups) == (2 if num_envs == 8 else 1)
+        assert len(algo.env_runner_group.runners[0].groups) == (2 if num_envs == 8 else 1)
         seen_term = seen_trunc = seen_reset = 0
         for _ in range(12):
-            batch, _ = algo._next_batch()
+            batch, _ = algo.env_runner_group.next_batch()
             obs = np.asarray(batch.obs)
             v = obs[..., 0]
             valid = np.asarray(batch.valid)
@@ -86,7 +86,7 @@ def test_time_alignment_end_to_end(num_env_runners, num_envs, two_env_groups):
 @pytest.mark.timeout(120)
 def test_reset_rows_are_masked_and_carried_across_fragments():
     with return_env_config(0, 3).build() as algo:
-        runner = algo._runners[0]
+        runner = algo.env_runner_group.local_runner
         prev_done = np.zeros(3, bool)
         for _ in range(10):
             (traj,) = runner.sample()
@@ -224,15 +224,6 @@ def test_del_ends_threads():
 def test_unknown_env_is_a_clear_error():
     with pytest.raises(ValueError, match="NoSuchEnv-v0"):
         small_config("NoSuchEnv-v0").build()
-
-
-def test_minibatch_buffer_reuses_batches_round_robin():
-    from impala_jax.algorithm import MinibatchBuffer
-
-    fresh = iter(range(100))
-    buffer = MinibatchBuffer(size=2, num_epochs=3, next_batch=lambda: next(fresh))
-    served = [buffer.get() for _ in range(12)]
-    assert served == [0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3]
 
 
 @pytest.mark.timeout(120)

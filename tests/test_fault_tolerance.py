@@ -69,7 +69,7 @@ def test_failed_runner_is_replaced_until_restarts_run_out():
             result = algo.train()
             trained = result["num_env_steps_trained_lifetime"]
             restarts = result["fault_tolerance"]["num_remote_worker_restarts"]
-    assert restarts >= 2 and algo._num_restarts == 3
+    assert restarts >= 2 and algo.env_runner_group.num_restarts == 3
     assert trained > 0  # the healthy runner kept training going meanwhile
     assert "injected runner failure" in str(info.value)
     algo.stop()
@@ -99,7 +99,7 @@ def test_hung_runner_is_replaced_and_training_progresses():
     with config.build() as algo:
         trained = []
         deadline = time.monotonic() + 60
-        while algo._num_restarts < 1 and time.monotonic() < deadline:
+        while algo.env_runner_group.num_restarts < 1 and time.monotonic() < deadline:
             trained.append(algo.train()["num_env_steps_trained_lifetime"])
         result = algo.train()
     assert result["fault_tolerance"]["num_remote_worker_restarts"] >= 1

@@ -31,7 +31,7 @@ def train_until(config, key, threshold, max_steps, kill_every=None):
                 return best, result
             if kill_every and result["training_iteration"] % kill_every == 0:
                 # Break one runner's env: its thread fails and fault tolerance replaces it.
-                runner = next(iter(algo._threads.values())).runner
+                runner = algo.env_runner_group.runners[0]
 
                 def broken(*args, **kwargs):
                     raise RuntimeError("runner killed by the test")

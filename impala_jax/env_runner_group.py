@@ -1,0 +1,324 @@
+"""EnvRunnerGroup: the runners of one algorithm and everything about their lives.
+
+Lockstep (``num_env_runners=0``): one runner sampled in the caller's thread, deterministic for a
+fixed seed. Threaded: one RunnerThread per runner feeds the bounded LearnerQueue, and loader
+threads turn its fragments into device batches. Either way the group answers ``next_batch()``;
+while the learner waits, the group checks its runners' health and, as ``fault_tolerance()``
+says, restarts a failed or hung runner after its delay, ignores it, or raises. A runner that
+leaves keeps its env steps, env restarts and finished episodes in the group's counts. RLlib's
+EnvRunnerGroup plays the same part across Ray actors.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+from impala_jax.buffers import Batcher, LearnerQueue, LearnerQueueTimeout, Loader, stack
+from impala_jax.env_runner import EnvOutputError, EnvRunner, ParamStore, RunnerThread
+from impala_jax.metrics import Timers
+
+
+class EnvRunnerFailure(RuntimeError):
+    """A runner failed and ``fault_tolerance()`` does not recover it; the group has stopped."""
+
+
+class EnvRunnerGroup:
+    """Starts, watches, restarts and retires the runners; hands out train batches.
+
+    ``act`` / ``act_greedy`` are the compiled policy and ``params`` the learner's first params,
+    which the group's ParamStore keeps on ``actor_device``. Construction compiles ``act``; envs
+    and threads start in ``start()``, so the caller can compile the learner in between.
+    """
+
+    def __init__(
+        self,
+        config,
+        act: Callable,
+        act_greedy: Callable,
+        params,
+        actor_device,
+        observation_space,
+        seed: int,
+        batch_columns: int,
+    ):
+        self.config = config
+        self._act, self._act_greedy = act, act_greedy
+        self._seed = seed
+        self.param_store = ParamStore(params, actor_device)
+        self.timers = Timers()  # stages of the learner's thread: waiting, lockstep transfer
+        self.batcher = Batcher(batch_columns)
+        self.runners: list[EnvRunner] = []  # live runners: their steps and episodes count
+        self._threads: dict[int, RunnerThread] = {}  # runner slot -> its thread
+        self._queue: LearnerQueue | None = None
+        self._loader: Loader | None = None
+        self._to_device: Callable | None = None
+        self._stop = threading.Event()
+        self._stopped = False
+        # What fault_tolerance/... in the results counts, and what retired runners left behind.
+        self._pending_restarts: dict[int, float] = {}  # runner slot -> when to restart it
+        self._retired_episodes: list = []
+        self.num_restarts = 0
+        self.num_failures = 0
+        self._consecutive_failures = 0
+        self._failures_at_iteration_start = 0
+        self._env_steps_sampled_base = 0  # steps of runners that left, and of restored runs
+        self._num_env_restarts_base = 0
+        self._num_dropped_episodes_base = 0
+        self._last_failure: RunnerThread | None = None
+        self.action_dtype = self._warm_up_act(observation_space)
+
+    def _warm_up_act(self, observation_space) -> np.dtype:
+        """Compiles ``act`` for the runners' batch shapes before any runner thread starts, so
+        compilation never counts against ``sample_timeout_s``. Returns the action dtype."""
+        params, _ = self.param_store.get()
+        size = EnvRunner.group_sizes(self.config.num_envs_per_env_runner)[0]
+        obs = np.zeros((size, *observation_space.shape), observation_space.dtype)
+        action, _, _ = jax.block_until_ready(self._act(params, obs, jax.random.key(0)))
+        return action.dtype
+
+    def start(self, to_device: Callable) -> None:
+        """Builds the envs and, when threaded, starts the runner and loader threads.
+
+        ``to_device`` places one host batch on the learner devices.
+        """
+        cfg = self.config
+        self._to_device = to_device
+        if cfg.num_env_runners == 0:
+            self.runners.append(self._make_runner(0, self._seed))
+            return
+        self._queue = LearnerQueue(cfg.learner_queue_size)
+        for i in range(cfg.num_env_runners):
+            # envpool seeds env i with seed + i: runners are spaced by their env count.
+            self._start_runner(i, self._seed + i * cfg.num_envs_per_env_runner)
+        self._loader = Loader(
+            self._queue,
+            self.batcher,
+            to_device,
+            num_threads=cfg.num_gpu_loader_threads,
+            num_slots=cfg.num_multi_gpu_tower_stacks,
+            stop=self._stop,
+        )
+
+    def _make_runner(self, index: int, seed: int) -> EnvRunner:
+        return EnvRunner(
+            self.config,
+            index,
+            self._act,
+            self._act_greedy,
+            self.param_store,
+            seed=seed,
+            explore=self.config.explore,
+        )
+
+    def _start_runner(self, index: int, seed: int) -> None:
+        cfg = self.config
+        runner = self._make_runner(index, seed)
+        runner.heartbeat = time.monotonic()
+        # The thread holds no reference to the group or the algorithm: `del algo` must reach
+        # IMPALA.__del__, which stops the threads.
+        thread = RunnerThread(
+            runner,
+            self._queue.put,
+            restart_envs=cfg.restart_failed_sub_environments,
+            tolerance=cfg.num_consecutive_env_runner_failures_tolerance,
+        )
+        self.runners.append(runner)
+        self._threads[index] = thread
+        thread.start()
+
+    @property
+    def local_runner(self) -> EnvRunner | None:
+        """The lockstep runner (``num_env_runners=0``), sampled in the caller's thread."""
+        return self.runners[0] if self._queue is None and self.runners else None
+
+    def next_batch(self):
+        """(device batch, host param versions): sampled here in lockstep, or from the loader."""
+        if self._loader is None:
+            ready: list = []
+            while not ready:
+                for traj in self.sample():
+                    ready.extend(self.batcher.add(traj))
+            host = stack(ready[0])
+            with self.timers.time("transfer"):
+                return self._to_device(host), host.param_version
+        timeout = self.config.learner_queue_timeout
+        waited = 0.0
+        with self.timers.time("learner_wait"):
+            while True:
+                self.check_health()
+                # Short waits, so failed or hung runners are handled while the learner waits.
+                item = self._loader.get(timeout=min(0.5, timeout))
+                if item is not None:
+                    return item
+                waited += min(0.5, timeout)
+                if waited >= timeout:
+                    raise LearnerQueueTimeout(
+                        f"the learner waited {timeout:g} s for a batch "
+                        f"(training(learner_queue_timeout={timeout:g})); the env runners are "
+                        "slower than that or stalled: raise learner_queue_timeout for slow envs."
+                    )
+
+    def sample(self) -> list:
+        """One lockstep fragment per env group; env failures restart the envs if configured."""
+        cfg = self.config
+        runner = self.runners[0]
+        tolerance = cfg.num_consecutive_env_runner_failures_tolerance
+        for attempt in range(tolerance + 1):
+            try:
+                return runner.sample()
+            except EnvOutputError:
+                raise
+            except Exception:
+                if not cfg.restart_failed_sub_environments or attempt == tolerance:
+                    raise
+                runner.restart_envs()
+        raise AssertionError("unreachable")
+
+    def publish(self, params) -> None:
+        """Makes ``params`` the runners' newest policy (a new ParamStore version)."""
+        self.param_store.publish(params)
+
+    def check_health(self) -> None:
+        """Failed or hung runners: restart, ignore or raise, as ``fault_tolerance`` says."""
+        cfg = self.config
+        now = time.monotonic()
+        for index, thread in list(self._threads.items()):
+            hung = (
+                thread.error is None
+                and thread.is_alive()
+                and not thread.waiting_on_queue
+                and now - thread.runner.heartbeat > cfg.sample_timeout_s
+            )
+            if thread.error is None and not hung:
+                continue
+            if hung:
+                thread.error = TimeoutError(
+                    f"EnvRunner {index} produced nothing for {cfg.sample_timeout_s:g} s "
+                    f"(env_runners(sample_timeout_s={cfg.sample_timeout_s:g})): marked unhealthy, "
+                    "its late data is dropped."
+                )
+                thread.error_traceback = repr(thread.error)
+            # An abandoned thread drops whatever it still produces and closes its envs.
+            thread.stop_event.set()
+            del self._threads[index]
+            self._retire(thread.runner)
+            self.num_failures += 1
+            self._consecutive_failures += 1
+            self._last_failure = thread
+            fatal = isinstance(thread.error, EnvOutputError)
+            if (
+                not fatal
+                and cfg.restart_failed_env_runners
+                and (
+                    self.num_restarts + len(self._pending_restarts)
+                    < cfg.max_num_env_runner_restarts
+                )
+            ):
+                self._pending_restarts[index] = now + cfg.delay_between_env_runner_restarts_s
+            elif fatal or not cfg.ignore_env_runner_failures:
+                self._raise_failure(thread, "and fault_tolerance() does not recover it")
+            if self._consecutive_failures > cfg.num_consecutive_env_runner_failures_tolerance:
+                self._raise_failure(
+                    thread,
+                    f"after {self._consecutive_failures} consecutive failures "
+                    "(fault_tolerance(num_consecutive_env_runner_failures_tolerance="
+                    f"{cfg.num_consecutive_env_runner_failures_tolerance}))",
+                )
+        for index, due in list(self._pending_restarts.items()):
+            if now >= due:
+                del self._pending_restarts[index]
+                self.num_restarts += 1
+                # A fresh seed block per restart, after every first-generation runner's block.
+                n = cfg.num_envs_per_env_runner
+                self._start_runner(
+                    index, self._seed + (cfg.num_env_runners + self.num_restarts) * n
+                )
+        if not self._threads and not self._pending_restarts:
+            self._raise_failure(self._last_failure, "and no healthy EnvRunner is left")
+
+    def _retire(self, runner: EnvRunner) -> None:
+        """Keeps a runner's counts and finished episodes when it leaves the live set."""
+        self.runners.remove(runner)
+        self._env_steps_sampled_base += runner.env_steps
+        self._num_env_restarts_base += runner.num_env_restarts
+        self._num_dropped_episodes_base += runner.num_dropped_episodes + int(
+            sum(np.count_nonzero(g.episode_len) for g in runner.groups)
+        )
+        self._retired_episodes.extend(runner.episodes.drain())
+
+    def _raise_failure(self, thread: RunnerThread | None, why: str) -> None:
+        self.stop()
+        if thread is None:
+            raise EnvRunnerFailure(f"no EnvRunner is running {why}.")
+        raise EnvRunnerFailure(
+            f"EnvRunner {thread.runner.index} failed {why}: {thread.error}\n"
+            f"original traceback:\n{thread.error_traceback}"
+        ) from thread.error
+
+    def begin_iteration(self) -> None:
+        self._failures_at_iteration_start = self.num_failures
+
+    def end_iteration(self) -> None:
+        """An iteration without a new failure ends a run of consecutive failures."""
+        if self.num_failures == self._failures_at_iteration_start:
+            self._consecutive_failures = 0
+
+    @property
+    def num_env_steps_sampled_lifetime(self) -> int:
+        return self._env_steps_sampled_base + sum(r.env_steps for r in self.runners)
+
+    def set_num_env_steps_sampled_lifetime(self, value: int) -> None:
+        """After a restore: the live runners' own steps count on top of the restored total."""
+        self._env_steps_sampled_base = value - sum(r.env_steps for r in self.runners)
+
+    def drain_episodes(self) -> list[tuple[float, int]]:
+        """(return, length) of every episode finished since the last call, retired runners'
+        included."""
+        episodes, self._retired_episodes = self._retired_episodes, []
+        for runner in self.runners:
+            episodes.extend(runner.episodes.drain())
+        return episodes
+
+    def drain_timers(self) -> list[dict]:
+        """Stage timers of this group's threads since the last call (metrics.merge_timers)."""
+        drained = [self.timers.drain()] + [r.timers.drain() for r in self.runners]
+        return drained + ([self._loader.timers.drain()] if self._loader else [])
+
+    def queue_size(self) -> int:
+        return self._queue.qsize() if self._queue else 0
+
+    def fault_tolerance_metrics(self) -> dict:
+        return {
+            "num_healthy_workers": sum(
+                t.is_alive() and t.error is None for t in self._threads.values()
+            ),
+            "num_remote_worker_restarts": self.num_restarts,
+            "num_env_runner_failures": self.num_failures,
+            "num_env_restarts": self._num_env_restarts_base
+            + sum(r.num_env_restarts for r in self.runners),
+            "num_dropped_episodes": self._num_dropped_episodes_base
+            + sum(r.num_dropped_episodes for r in self.runners),
+        }
+
+    def stop(self) -> None:
+        """Ends every runner and loader thread and closes every env; idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop.set()
+        threads = list(self._threads.values())
+        for thread in threads:
+            thread.stop_event.set()
+        for thread in threads:
+            thread.join(timeout=10)  # each runner thread closes its own envs on its way out
+        if self._loader is not None:
+            for thread in self._loader.threads:
+                thread.join(timeout=10)
+        if not threads:
+            for runner in self.runners:
+                runner.close()
