@@ -6,7 +6,8 @@ serves 128 envs (the runner thread, not envpool or the learner, was the bottlene
 fragments (T=10) and four minibatch updates per batch, since the learner idles otherwise; a
 small value-loss coefficient (0.02: CartPole's returns reach 100, and with shared layers a
 larger coefficient lets the value error swamp the policy gradient; 0.5 needed 2-3x the env
-steps); a learning rate chosen for stability over speed; short iterations so the stop is checked often.
+steps); a learning rate chosen for stability over speed; short iterations so the stop is
+checked often.
 """
 
 from impala_jax import IMPALAConfig
