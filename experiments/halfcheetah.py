@@ -1,4 +1,7 @@
-"""MuJoCo HalfCheetah (envpool "HalfCheetah-v5", gymnasium's v5 dynamics), Box actions.
+"""MuJoCo HalfCheetah on envpool ("envpool:HalfCheetah-v5"), Box actions.
+
+The "envpool:" prefix asks for envpool's variant explicitly: a plain "HalfCheetah-v5" is
+gymnasium's (which needs mujoco installed), since the two drift apart within a few steps.
 
 IMPALA's paper has no MuJoCo runs, so the settings follow what works for on-policy actor-critics
 on MuJoCo (the PPO defaults of Schulman et al. 2017 and CleanRL): Adam at 3e-4, separate
@@ -15,7 +18,7 @@ BUDGET = 10_000_000  # env steps
 
 config = (
     IMPALAConfig()
-    .environment("HalfCheetah-v5", normalize_actions=True)
+    .environment("envpool:HalfCheetah-v5", normalize_actions=True)
     .env_runners(
         num_env_runners=2,
         num_envs_per_env_runner=32,

@@ -11,6 +11,10 @@ The interface is envpool's asynchronous one, used strictly in alternation::
 Every env in a VecEnv is stepped by every send; ``recv`` returns all ``num_envs`` rows in env-id
 order. Actions are checked before they are sent, because envpool silently accepts out-of-range
 actions (and a C++ env given a NaN torque just integrates it).
+
+``choose_env`` decides what ``environment(env=...)`` names, as RLlib does (a name given to
+``register_env`` first, then ids and import paths), and uses envpool for a gymnasium id only
+where envpool's env is the same env (``ENVPOOL_SAME_AS_GYMNASIUM``, checked by the tests).
 """
 
 from __future__ import annotations
@@ -18,10 +22,14 @@ from __future__ import annotations
 import abc
 import contextlib
 import difflib
+import functools
 import importlib
+import importlib.util
+import math
+import sys
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -63,11 +71,22 @@ def _quiet_box_casts():
 class EnvpoolVecEnv(VecEnv):
     """envpool in its async API with ``batch_size == num_envs``: one recv returns every env."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, env_config: Mapping[str, Any]):
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        seed: int,
+        env_config: Mapping[str, Any],
+        num_threads: int = 1,
+    ):
         import envpool
 
         self.name = env_id
         self.num_envs = num_envs
+        options = dict(env_config)
+        # env_runners(num_cpus_per_env_runner=N) sizes envpool's worker thread pool; an
+        # explicit env_config["num_threads"] wins (envpool's own option).
+        options.setdefault("num_threads", num_threads)
         try:
             with _quiet_box_casts():
                 self._env = envpool.make(
@@ -76,7 +95,7 @@ class EnvpoolVecEnv(VecEnv):
                     num_envs=num_envs,
                     batch_size=num_envs,
                     seed=seed,
-                    **dict(env_config),
+                    **options,
                 )
         except TypeError as err:
             raise ValueError(
@@ -110,7 +129,11 @@ class EnvpoolVecEnv(VecEnv):
 
 
 class GymnasiumVecEnv(VecEnv):
-    """gymnasium.vector (sync or async) for envs envpool does not have."""
+    """gymnasium.vector (sync or async) for gymnasium ids and creators.
+
+    A creator is called once per env with an ``EnvContext`` (``env_config`` plus where the
+    env runs); a gymnasium id is made with ``env_config`` as ``gymnasium.make`` kwargs.
+    """
 
     def __init__(
         self,
@@ -119,15 +142,25 @@ class GymnasiumVecEnv(VecEnv):
         seed: int,
         env_config: Mapping[str, Any],
         vectorize_mode: str = "sync",
+        name: str | None = None,
+        worker_index: int = 0,
+        num_workers: int = 0,
+        first_vector_index: int = 0,
     ):
         if isinstance(env, str):
-            self.name = env
-            make_one = lambda: gym.make(env, **dict(env_config))
+            self.name = name or env
+            fns = [functools.partial(gym.make, env, **dict(env_config))] * num_envs
         else:
-            self.name = getattr(env, "__qualname__", repr(env))
-            make_one = lambda: env(dict(env_config))
-        _probe(make_one, self.name)
-        fns = [make_one] * num_envs
+            self.name = name or getattr(env, "__qualname__", repr(env))
+            fns = [
+                functools.partial(
+                    _call_creator,
+                    env,
+                    EnvContext(env_config, worker_index, first_vector_index + i, num_workers),
+                )
+                for i in range(num_envs)
+            ]
+        _probe(fns[0], self.name)
         mode = gym.vector.AutoresetMode.NEXT_STEP
         if vectorize_mode.lower() == "async":
             self._env = gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode)
@@ -185,25 +218,256 @@ def _check_obs(obs, space: gym.Space, name: str, where: str) -> None:
         )
 
 
-def _envpool_ids() -> set[str]:
+@functools.cache
+def _envpool_ids() -> frozenset[str]:
     try:
         import envpool
     except ImportError:  # envpool has no wheel for this platform: gymnasium only
-        return set()
-    return set(envpool.list_all_envs())
+        return frozenset()
+    return frozenset(envpool.list_all_envs())
 
 
-def resolve_env(env: Any) -> str | Callable:
-    """An env id, a callable/class, or an import path ``"package.module:Name"``."""
-    if isinstance(env, str) and ":" in env and env not in gym.registry:
+# Gymnasium ids whose envpool env is the same env: equal spaces, equal dynamics (a state set
+# in gymnasium's env steps to envpool's next observation, or for the stochastic ones every
+# envpool transition is one of gymnasium's), equal time limits, and one meaning for every
+# option both accept. tests/test_envs.py checks each. Ids both have that are not here run
+# under gymnasium: Blackjack-v1 (gymnasium's observation is a Tuple, envpool's a Box), the
+# MuJoCo ids (float64 actions in envpool; Hopper and InvertedPendulum drift apart within 10
+# steps, measured with mujoco 3.3), Taxi-v3 (envpool starts about a quarter of its episodes
+# with the passenger already at the destination, gymnasium never), phys2d/ and tabular/
+# (other spaces), and Box2D (not compared: gymnasium's needs box2d). "envpool:<id>" picks
+# envpool's env anyway.
+ENVPOOL_SAME_AS_GYMNASIUM = frozenset(
+    {
+        "Acrobot-v1",
+        "CartPole-v0",
+        "CartPole-v1",
+        "CliffWalking-v1",
+        "CliffWalkingSlippery-v1",
+        "FrozenLake-v1",
+        "FrozenLake8x8-v1",
+        "MountainCar-v0",
+        "MountainCarContinuous-v0",
+        "Pendulum-v1",
+    }
+)
+ENVPOOL_PREFIX = "envpool:"
+# envpool.make options about batching and threads, not about the env itself.
+_ENVPOOL_BATCH_OPTIONS = frozenset(
+    {
+        "num_envs",
+        "batch_size",
+        "num_threads",
+        "max_num_players",
+        "thread_affinity_offset",
+        "base_path",
+        "seed",
+        "gym_reset_return_info",
+    }
+)
+
+
+def envpool_options(env_id: str) -> frozenset[str]:
+    """The options ``envpool.make(env_id, ...)`` takes (its spec's config fields)."""
+    import envpool
+
+    return frozenset(envpool.make_spec(env_id).config._fields)
+
+
+class EnvChoice(NamedTuple):
+    """Which backend builds ``environment(env=...)``, with what, under which name."""
+
+    backend: str  # "envpool" or "gymnasium"
+    target: str | Callable  # an envpool or gymnasium id, or a creator fn(env_context)
+    name: str  # the user's spelling, for messages
+
+
+_REGISTERED: dict[str, Callable] = {}
+
+
+def register_env(name: str, env_creator: Callable) -> None:
+    """Registers ``env_creator(env_context) -> gymnasium.Env`` under ``name``, as
+    ``ray.tune.register_env`` does: ``environment(name)`` then builds envs with it.
+
+    The creator gets an ``EnvContext`` (env_config plus ``worker_index``, ``num_workers``,
+    ``vector_index``). A registered name wins over a gymnasium or envpool id of the same
+    spelling, as in RLlib. The registry lives in this process; for Ray Tune trials in other
+    processes use ``ray.tune.register_env``, which impala_jax also reads.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"register_env: name must be a non-empty string, got {name!r}.")
+    if not callable(env_creator):
+        raise TypeError(
+            f"register_env({name!r}, ...): env_creator must be callable "
+            f"(env_config -> gymnasium.Env), got {env_creator!r}."
+        )
+    _REGISTERED[name] = env_creator
+
+
+def registered_creator(name: str) -> Callable | None:
+    """The creator registered under ``name`` with impala_jax's or Ray Tune's register_env.
+
+    Tune's registry is read only when ray is already imported: ray is then the only way a
+    name can have been registered there, and importing it otherwise costs seconds.
+    """
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    tune_registry = sys.modules.get("ray.tune.registry")
+    if tune_registry is not None:
+        registry, category = tune_registry._global_registry, tune_registry.ENV_CREATOR
+        if registry.contains(category, name):
+            return registry.get(category, name)
+    return None
+
+
+class EnvContext(dict):
+    """What a creator receives, as RLlib's EnvContext: the ``env_config`` dict, plus where
+    the env runs. ``worker_index`` is 0 for envs stepped by the main thread (the build-time
+    probe, ``num_env_runners=0``, evaluation) and ``i + 1`` for runner thread ``i``, as RLlib
+    numbers its remote runners from 1; ``num_workers`` is ``num_env_runners``;
+    ``vector_index`` is the env's index within its runner; ``remote`` is always False
+    (envs are never Ray actors here)."""
+
+    def __init__(
+        self,
+        env_config: Mapping[str, Any],
+        worker_index: int = 0,
+        vector_index: int = 0,
+        num_workers: int = 0,
+    ):
+        super().__init__(env_config)
+        self.worker_index = worker_index
+        self.vector_index = vector_index
+        self.num_workers = num_workers
+        self.remote = False
+
+    def __reduce__(self):  # gymnasium's async mode pickles the creators and their contexts
+        return (
+            EnvContext,
+            (dict(self), self.worker_index, self.vector_index, self.num_workers),
+        )
+
+
+def _call_creator(creator: Callable, env_context: EnvContext) -> gym.Env:
+    try:
+        return creator(env_context)
+    except gym.error.NamespaceNotFound as err:
+        # gymnasium >= 1.0 knows the ALE/ ids only once ale_py is imported, and RLlib's Atari
+        # examples create gym.make("ALE/...") inside the creator without importing it.
+        if "ALE" not in str(err) or "ale_py" in sys.modules:
+            raise
+        if importlib.util.find_spec("ale_py") is None:
+            raise ValueError(
+                f"env creator {creator!r}: {err} The ALE/ ids need the ale-py package "
+                "(pip install ale-py)."
+            ) from err
+        _register_ale("ALE")
+        return creator(env_context)
+
+
+def _register_ale(env: str) -> None:
+    try:
+        import ale_py
+    except ImportError as err:
+        raise ValueError(
+            f"environment(env={env!r}): the ALE/ ids need the ale-py package "
+            "(pip install ale-py), which registers them with gymnasium. envpool's Atari ids "
+            "without the ALE/ prefix (e.g. 'Pong-v5') are another env: 84x84 grayscale, "
+            "4 stacked frames, 30 no-op starts, no sticky actions (see docs/config.md)."
+        ) from err
+    gym.register_envs(ale_py)
+
+
+def choose_env(env: Any, env_config: Mapping[str, Any] | None = None) -> EnvChoice:
+    """Resolves ``environment(env=...)``, in this order (RLlib's, plus envpool):
+
+    1. a name given to ``register_env`` (impala_jax's, or Ray Tune's when ray is imported);
+    2. ``"envpool:<id>"``: envpool's env of that id, whatever gymnasium has;
+    3. ``"pkg.module:Name"``: the class or function ``Name`` of that module, or gymnasium's
+       ``"module:<id>"`` (import the module, which registers ``<id>``: ``"ale_py:ALE/Pong-v5"``);
+    4. a gymnasium id (``ALE/`` ids import ale_py first): gymnasium's env, or envpool's where
+       it is the same env (``ENVPOOL_SAME_AS_GYMNASIUM``) and every ``env_config`` key is an
+       envpool option (``is_slippery=False`` for FrozenLake-v1 is gymnasium's alone);
+    5. an id only envpool has (``"Pong-v5"``);
+    6. a class or function: called per env with an ``EnvContext``.
+    """
+    env_config = env_config or {}
+    if callable(env) and not isinstance(env, str):
+        return EnvChoice("gymnasium", env, getattr(env, "__qualname__", repr(env)))
+    if not isinstance(env, str):
+        raise ValueError(
+            f"environment(env={env!r}): expected an env id string or a creator callable/class."
+        )
+    creator = registered_creator(env)
+    if creator is not None:
+        return EnvChoice("gymnasium", creator, env)
+    if env.startswith(ENVPOOL_PREFIX):
+        env_id = env[len(ENVPOOL_PREFIX) :]
+        if env_id not in _envpool_ids():
+            raise _unknown_env(env, sorted(_envpool_ids()), "envpool has no env of that id.")
+        return EnvChoice("envpool", env_id, env)
+    if ":" in env and env not in gym.registry:
         module, _, attr = env.partition(":")
         try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as err:
+            found = importlib.import_module(module)
+        except ImportError as err:
             raise ValueError(
-                f"environment(env={env!r}): cannot import {attr!r} from {module!r} ({err})."
+                f"environment(env={env!r}): cannot import module {module!r} ({err})."
             ) from err
-    return env
+        if hasattr(found, attr):
+            return EnvChoice("gymnasium", getattr(found, attr), env)
+        if attr not in gym.registry:
+            raise ValueError(
+                f"environment(env={env!r}): module {module!r} has no attribute {attr!r}, and "
+                f"importing it registered no gymnasium id {attr!r}."
+            )
+        return EnvChoice("gymnasium", attr, env)
+    if env.startswith("ALE/") and env not in gym.registry:
+        _register_ale(env)
+    if env in gym.registry:
+        same = env in ENVPOOL_SAME_AS_GYMNASIUM and env in _envpool_ids()
+        if same and set(env_config) <= envpool_options(env):
+            return EnvChoice("envpool", env, env)
+        return EnvChoice("gymnasium", env, env)
+    if env in _envpool_ids():
+        return EnvChoice("envpool", env, env)
+    raise _unknown_env(
+        env,
+        sorted(_envpool_ids() | set(gym.registry) | set(_REGISTERED)),
+        "no env is registered under that name (impala_jax.register_env or "
+        "ray.tune.register_env), and neither envpool nor gymnasium has that id.",
+    )
+
+
+def _unknown_env(env: str, known: list[str], why: str) -> ValueError:
+    close = difflib.get_close_matches(env.removeprefix(ENVPOOL_PREFIX), known)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    return ValueError(
+        f"environment(env={env!r}): {why}{hint} Give a gymnasium or envpool id (e.g. "
+        "'CartPole-v1'), a name given to register_env, a creator callable/class taking "
+        "env_config, or an import path 'package.module:EnvClass'."
+    )
+
+
+def check_restorable(env: Any, env_config: Mapping[str, Any] | None, where: str) -> None:
+    """Raises a ValueError saying how to pass the env back when ``env``, as a checkpoint
+    stored it, does not resolve in this process."""
+    how = (
+        "Pass the creator back: IMPALA.from_checkpoint(path, env=creator); or register it "
+        "under a name with impala_jax.register_env(name, creator) (or ray.tune.register_env), "
+        "train with environment(name), and register it again before from_checkpoint."
+    )
+    if isinstance(env, str) and ("<lambda>" in env or "<locals>" in env):
+        raise ValueError(
+            f"{where} was trained on {env!r}, a lambda or local function, which a checkpoint "
+            f"cannot store (it holds no pickled code). {how}"
+        )
+    try:
+        choose_env(env, env_config)
+    except ValueError as err:
+        raise ValueError(
+            f"{where} names the env {env!r}, which does not resolve here ({err}). {how}"
+        ) from err
 
 
 def make_vec_env(
@@ -212,31 +476,68 @@ def make_vec_env(
     seed: int,
     env_config: Mapping[str, Any] | None = None,
     vectorize_mode: str = "sync",
+    num_cpus: float = 1,
+    *,
+    worker_index: int = 0,
+    num_workers: int = 0,
+    first_vector_index: int = 0,
 ) -> VecEnv:
-    """envpool when it has ``env``, else gymnasium.vector; a clear error when neither does."""
-    env = resolve_env(env)
+    """The backend ``choose_env`` picks, with a clear error when nothing has ``env``.
+
+    ``num_cpus`` (``num_cpus_per_env_runner``) is envpool's ``num_threads``: ceil(num_cpus),
+    at least 1 (a fraction of a CPU still needs a thread). gymnasium.vector has no such pool,
+    so more than 1 for an env envpool does not have is an error. ``worker_index``,
+    ``num_workers`` and ``first_vector_index`` fill a creator's ``EnvContext``.
+    """
     env_config = env_config or {}
-    if isinstance(env, str):
-        if env in _envpool_ids():
-            vec = EnvpoolVecEnv(env, num_envs, seed, env_config)
-        elif env in gym.registry:
-            vec = GymnasiumVecEnv(env, num_envs, seed, env_config, vectorize_mode)
-        else:
-            close = difflib.get_close_matches(env, sorted(_envpool_ids() | set(gym.registry)))
-            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise ValueError(
-                f"environment(env={env!r}): no such env in envpool or in the gymnasium registry."
-                f"{hint} Give a registered id (e.g. 'CartPole-v1'), a creator callable/class "
-                "taking env_config, or an import path 'package.module:EnvClass'."
-            )
-    elif callable(env):
-        vec = GymnasiumVecEnv(env, num_envs, seed, env_config, vectorize_mode)
-    else:
-        raise ValueError(
-            f"environment(env={env!r}): expected an env id string or a creator callable/class."
+    choice = choose_env(env, env_config)
+    if choice.backend == "envpool":
+        vec = EnvpoolVecEnv(choice.target, num_envs, seed, env_config, max(1, math.ceil(num_cpus)))
+        check_spaces(vec)
+        return vec
+    _check_no_thread_pool(choice.name, num_cpus)
+    try:
+        vec = GymnasiumVecEnv(
+            choice.target,
+            num_envs,
+            seed,
+            env_config,
+            vectorize_mode,
+            name=choice.name,
+            worker_index=worker_index,
+            num_workers=num_workers,
+            first_vector_index=first_vector_index,
         )
-    check_spaces(vec)
+        check_spaces(vec)
+    except ValueError as err:
+        target = choice.target
+        if not isinstance(target, str) or target not in _envpool_ids():
+            raise
+        if target in ENVPOOL_SAME_AS_GYMNASIUM:
+            others = sorted(set(env_config) - envpool_options(target))
+            hint = (
+                f"gymnasium's {target!r} was used because env_config has {others}, which "
+                f"envpool's (the same env) does not take; envpool's options: "
+                f"{sorted(envpool_options(target) - _ENVPOOL_BATCH_OPTIONS)}."
+            )
+        else:
+            hint = (
+                f"envpool has its own {target!r}, not checked to be the same env as "
+                f"gymnasium's: environment('{ENVPOOL_PREFIX}{target}') uses it."
+            )
+        raise ValueError(f"{err} {hint}") from err
     return vec
+
+
+def _check_no_thread_pool(env: Any, num_cpus: float) -> None:
+    if num_cpus > 1:
+        raise ValueError(
+            f"env_runners(num_cpus_per_env_runner={num_cpus!r}): {env!r} runs under "
+            "gymnasium.vector, which steps its envs in the runner's thread (sync) or in one "
+            "process per env (async); only envpool envs have a worker thread pool for this to "
+            "size. Leave num_cpus_per_env_runner at 1, or use "
+            "env_runners(gym_env_vectorize_mode='async') for one process per env."
+        )
 
 
 def check_spaces(vec: VecEnv) -> None:

@@ -164,3 +164,23 @@ class ContinuousBandit(gym.Env):
 
     def step(self, action):
         return np.zeros(1, np.float32), float(-((action[0] - self.target) ** 2)), True, False, {}
+
+
+class ContextEnv(gym.Env):
+    """Observes where it was created: (worker_index, vector_index, num_workers) of its
+    EnvContext, so tests can read what a creator was given."""
+
+    observation_space = gym.spaces.Box(-1, 100, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, config):
+        self.where = np.array(
+            [config.worker_index, config.vector_index, config.num_workers], np.float32
+        )
+        self.config = dict(config)
+
+    def reset(self, *, seed=None, options=None):
+        return self.where, {}
+
+    def step(self, action):
+        return self.where, 1.0, True, False, {}
