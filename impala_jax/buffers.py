@@ -97,11 +97,15 @@ def stack(parts: list[Trajectory]) -> Trajectory:
 
 
 class Loader:
-    """``num_gpu_loader_threads`` threads: fragments -> batches -> device, into prefetch slots.
+    """Fragments -> batches -> device, into prefetch slots.
 
-    The batcher is shared under a lock so no thread hoards half a batch; stacking and the
-    host-to-device copy run outside it, in parallel. ``num_multi_gpu_tower_stacks`` bounds how
-    many device batches wait for the learner.
+    ``num_gpu_loader_threads`` threads copy batches to the devices. Without aggregator threads
+    (``num_aggregator_actors_per_learner=0``) they also cut and stack the batches themselves;
+    with N of them, N threads do the cutting and stacking on the host (RLlib's aggregator
+    actors) and hand at most N x ``max_requests_in_flight_per_aggregator_actor`` stacked
+    batches to the loader threads, which then only copy. The batcher is shared under a lock so
+    no thread hoards half a batch; stacking and copies run outside it, in parallel.
+    ``num_multi_gpu_tower_stacks`` bounds how many device batches wait for the learner.
     """
 
     def __init__(
@@ -112,6 +116,8 @@ class Loader:
         num_threads: int,
         num_slots: int,
         stop: threading.Event,
+        num_aggregators: int = 0,
+        aggregator_queue_size: int = 1,
     ):
         self._source = source
         self._batcher = batcher
@@ -120,12 +126,19 @@ class Loader:
         self._lock = threading.Lock()
         self._ready: list[list[Trajectory]] = []
         self.slots: queue.Queue = queue.Queue(num_slots)
+        self._stacked: queue.Queue | None = None
         self.timers = Timers()
         self.error: BaseException | None = None
         self.threads = [
             threading.Thread(target=self._run, name=f"loader-{i}", daemon=True)
             for i in range(num_threads)
         ]
+        if num_aggregators:
+            self._stacked = queue.Queue(num_aggregators * aggregator_queue_size)
+            self.threads += [
+                threading.Thread(target=self._aggregate, name=f"aggregator-{i}", daemon=True)
+                for i in range(num_aggregators)
+            ]
         for t in self.threads:
             t.start()
 
@@ -138,7 +151,30 @@ class Loader:
                 self._ready.extend(self._batcher.add(traj))
             return self._ready.pop(0)
 
-    def _run(self) -> None:
+    def _put(self, q: queue.Queue, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _next_host_batch(self) -> Trajectory | None:
+        if self._stacked is None:
+            parts = self._next_parts()
+            if parts is None:
+                return None
+            with self.timers.time("stack"):
+                return stack(parts)
+        while not self._stop.is_set():
+            try:
+                return self._stacked.get(timeout=0.05)
+            except queue.Empty:
+                continue
+        return None
+
+    def _aggregate(self) -> None:
         try:
             while not self._stop.is_set():
                 parts = self._next_parts()
@@ -146,14 +182,21 @@ class Loader:
                     return
                 with self.timers.time("stack"):
                     host = stack(parts)
+                if not self._put(self._stacked, host):
+                    return
+        except BaseException as err:  # raised in the learner's thread by get()
+            self.error = err
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                host = self._next_host_batch()
+                if host is None:
+                    return
                 with self.timers.time("transfer"):
                     item = (self._to_device(host), host.param_version)
-                while not self._stop.is_set():
-                    try:
-                        self.slots.put(item, timeout=0.05)
-                        break
-                    except queue.Full:
-                        continue
+                if not self._put(self.slots, item):
+                    return
         except BaseException as err:  # raised in the learner's thread by get()
             self.error = err
 
