@@ -2,7 +2,7 @@
 
 from impala_jax.config import IMPALAConfig, NotProvided
 
-__all__ = ["IMPALA", "IMPALAConfig", "NotProvided"]
+__all__ = ["IMPALA", "IMPALAConfig", "NotProvided", "register_env"]
 
 
 def __getattr__(name: str):
@@ -11,8 +11,12 @@ def __getattr__(name: str):
         from impala_jax.algorithm import IMPALA
 
         return IMPALA
+    if name == "register_env":  # RLlib's ray.tune.register_env, without ray
+        from impala_jax.envs import register_env
+
+        return register_env
     raise AttributeError(f"module 'impala_jax' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"IMPALA"})
+    return sorted(set(globals()) | {"IMPALA", "register_env"})

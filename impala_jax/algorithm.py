@@ -8,6 +8,9 @@ env_runner (act) and learner (learner_step), the checkpoint format in checkpoint
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
+import logging
+import tempfile
 import time
 import weakref
 
@@ -17,13 +20,15 @@ import numpy as np
 
 from impala_jax import checkpoint, parallel, specs
 from impala_jax.buffers import MinibatchBuffer
+from impala_jax.callbacks import Callbacks, MetricsLogger, deep_merge
 from impala_jax.distributions import make_distribution
 from impala_jax.env_runner import make_act_fns
 from impala_jax.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from impala_jax.envs import ActionAdapter, make_vec_env
 from impala_jax.evaluation import Evaluator
 from impala_jax.learner import Learner
-from impala_jax.metrics import EpisodeStats, Timers, merge_timers
+from impala_jax.metrics import EpisodeStats, SysUsage, Timers, merge_timers, trainable_info
+from impala_jax.module import DEFAULT_MODULE_ID, Module
 from impala_jax.networks import make_networks
 from impala_jax.types import Trajectory
 
@@ -56,7 +61,15 @@ class IMPALA:
         self.learner = None
         self.env_runner_group: EnvRunnerGroup | None = None
         self._evaluator: Evaluator | None = None
+        # RLlib's algo.callbacks (the callbacks_class instances) and algo.metrics, the logger of
+        # the algorithm-level hooks (its values: top-level keys of the next result).
+        self._callbacks = Callbacks.from_config(config)
+        self.callbacks = self._callbacks.objects
+        self.metrics = MetricsLogger()
         _LIVE.add(self)
+        level = config.log_level.upper()
+        logging.getLogger("impala_jax").setLevel("WARNING" if level == "WARN" else level)
+        self._fake_batch = None
         seed = config.seed if config.seed is not None else 0
         learner_key, self._actor_key = jax.random.split(jax.random.key(seed))
         self._seed = seed
@@ -65,7 +78,9 @@ class IMPALA:
         T = config.get_rollout_fragment_length()
         self._T = T
 
-        probe = make_vec_env(config.env, 1, seed, config.env_config, "sync")
+        probe = make_vec_env(
+            config.env, 1, seed, config.env_config, "sync", num_workers=config.num_env_runners
+        )
         obs_space = config.observation_space or probe.observation_space
         act_space = config.action_space or probe.action_space
         probe.close()
@@ -102,6 +117,7 @@ class IMPALA:
         self.env_runner_group = group
         self.param_store = group.param_store
         self._evaluator = Evaluator(config, self._act, self._act_greedy, group.param_store, seed)
+        self._sys_usage = SysUsage() if config.log_sys_usage else None
 
         self.batch_env_steps = self.step_spec.columns * len(devices) * T
         self._episodes = EpisodeStats(config.metrics_num_episodes_for_smoothing)
@@ -112,6 +128,14 @@ class IMPALA:
         self._num_updates = 0
         self._last_lag: list = []
         self._last_learner_metrics: dict = {}
+        self._iterations_since_restore = 0  # Tune's bookkeeping keys, as RLlib's results have
+        self._time_since_restore = 0.0
+        self._result_config = checkpoint.jsonable(config.to_dict())
+        # RLlib's single-agent `policies` entry, which RLlib's own result checks read.
+        self._result_config.setdefault("policies", {DEFAULT_MODULE_ID: (None, None, None, None)})
+        self._num_parameters = sum(
+            int(np.prod(np.shape(x))) for x in jax.tree.leaves(self.learner.state.params)
+        )
         if not (config._env_runners_only or config._skip_learners):
             self.learner.warm_up(self._example_batch(group.batcher.columns, group.action_dtype))
         self._minibatch_buffer = None
@@ -120,6 +144,11 @@ class IMPALA:
                 config.minibatch_buffer_size, config.num_epochs, group.next_batch
             )
         group.start(self.learner.put_batch)
+        try:
+            self._callbacks.call("on_algorithm_init", algorithm=self, metrics_logger=self.metrics)
+        except BaseException:
+            self.stop()
+            raise
 
     def _example_batch(self, columns: int, action_dtype) -> Trajectory:
         """Zeros shaped and typed like one learner batch, to compile the learner step early."""
@@ -144,7 +173,12 @@ class IMPALA:
     def training_step(self) -> None:
         cfg = self.config
         source = self._minibatch_buffer or self.env_runner_group
-        batch, versions = source.next_batch()
+        if cfg.fake_sampler and self._fake_batch is not None:
+            batch, versions = self._fake_batch  # debugging(fake_sampler=True): no sampling
+        else:
+            batch, versions = source.next_batch()
+            if cfg.fake_sampler:
+                self._fake_batch = (batch, versions)
         if cfg._env_runners_only or cfg._skip_learners:
             return
         with self._timers.time("learner_dispatch"):
@@ -165,20 +199,45 @@ class IMPALA:
         if self._stopped:
             raise RuntimeError("this IMPALA was stopped; build a new one from its config.")
         try:
-            return self._train()
+            result = self._train()
         except EnvRunnerFailure:
             self.stop()
             raise
+        # RLlib calls it after the result is compiled: what it logs lands in the next result.
+        self._callbacks.call(
+            "on_train_result", algorithm=self, metrics_logger=self.metrics, result=result
+        )
+        return result
 
     def _train(self) -> dict:
+        cfg = self.config
+        interval = cfg.evaluation_interval
+        evaluate_now = bool(interval) and (self._iteration + 1) % interval == 0
+        if evaluate_now and cfg.evaluation_parallel_to_training:
+            # RLlib's _run_one_training_iteration_and_evaluation_in_parallel: the training step
+            # runs in a thread while this one evaluates the params the iteration started with.
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="training") as pool:
+                future = pool.submit(self._training_iteration)
+                evaluation = self.evaluate(parallel_train_future=future)
+                result = future.result()
+            result["evaluation"] = evaluation
+            return result
+        result = self._training_iteration()
+        if evaluate_now:
+            result["evaluation"] = self.evaluate()
+        return result
+
+    def _training_iteration(self) -> dict:
         cfg = self.config
         group = self.env_runner_group
         started = time.perf_counter()
         sampled0 = self.num_env_steps_sampled_lifetime
         trained0 = self._env_steps_trained
         group.begin_iteration()
+        num_steps = 0
         while True:
             self.training_step()
+            num_steps += 1
             elapsed = time.perf_counter() - started
             if (
                 elapsed >= (cfg.min_time_s_per_iteration or 0)
@@ -204,16 +263,15 @@ class IMPALA:
         elapsed = time.perf_counter() - started
         self._iteration += 1
         self._time_total += elapsed
-        result = self._result(elapsed, sampled0, trained0, learner)
-        interval = cfg.evaluation_interval
-        if interval and self._iteration % interval == 0:
-            result["evaluation"] = self.evaluate()
-        return result
+        result = self._result(elapsed, sampled0, trained0, learner, num_steps)
+        return deep_merge(result, self.metrics.reduce())  # what the algorithm's hooks logged
 
-    def _result(self, elapsed: float, sampled0: int, trained0: int, learner: dict) -> dict:
+    def _result(
+        self, elapsed: float, sampled0: int, trained0: int, learner: dict, num_steps: int
+    ) -> dict:
         """RLlib's nested result dict, plus impala_jax's perf/ and fault_tolerance/."""
         group = self.env_runner_group
-        new_episodes = group.drain_episodes()
+        new_episodes, episode_metrics = group.drain_episodes_and_metrics()
         self._episodes.add(new_episodes)
         sampled = self.num_env_steps_sampled_lifetime - sampled0
         trained = self._env_steps_trained - trained0
@@ -221,13 +279,39 @@ class IMPALA:
         timers = merge_timers([self._timers.drain()] + group.drain_timers())
         lag = np.concatenate(self._last_lag) if self._last_lag else np.zeros(1)
         self._last_lag = []
-        learner.update(num_env_steps_trained=trained, num_updates_lifetime=self._num_updates)
+        lifetime = self.num_env_steps_sampled_lifetime
+        env_runners["num_env_steps_sampled_lifetime"] = lifetime
+        deep_merge(env_runners, episode_metrics)  # what on_episode_* callbacks logged
+        module_steps = {
+            "num_module_steps_trained": trained,
+            "num_module_steps_trained_lifetime": self._env_steps_trained,
+        }
+        learner.update(
+            module_steps,
+            num_env_steps_trained=trained,
+            num_updates_lifetime=self._num_updates,
+            default_optimizer_learning_rate=learner.get("curr_lr", float("nan")),
+            # train_batch_size_per_learner rounded up to whole fragments (config.py).
+            effective_train_batch_size_per_learner=self.step_spec.columns * self._T,
+            effective_total_train_batch_size=self.batch_env_steps,
+        )
+        self._iterations_since_restore += 1
+        self._time_since_restore += elapsed
         return {
             "env_runners": env_runners,
-            "learners": {"default_policy": learner},
-            "num_env_steps_sampled_lifetime": self.num_env_steps_sampled_lifetime,
+            "learners": {
+                "default_policy": learner,
+                "__all_modules__": dict(
+                    module_steps,
+                    num_env_steps_trained=trained,
+                    num_env_steps_trained_lifetime=self._env_steps_trained,
+                    num_trainable_parameters=self._num_parameters,
+                ),
+            },
+            "num_env_steps_sampled_lifetime": lifetime,
             "num_env_steps_trained_lifetime": self._env_steps_trained,
             "num_episodes_lifetime": self._episodes.num_episodes_lifetime,
+            "num_training_step_calls_per_iteration": num_steps,
             "training_iteration": self._iteration,
             "time_this_iter_s": elapsed,
             "time_total_s": self._time_total,
@@ -238,17 +322,33 @@ class IMPALA:
                 "policy_lag_mean": float(lag.mean()),
                 "policy_lag_max": int(lag.max()),
                 "learner_queue_size": group.queue_size(),
+                **(self._sys_usage.result() if self._sys_usage is not None else {}),
             },
             "fault_tolerance": group.fault_tolerance_metrics(),
+            **trainable_info(
+                self._iterations_since_restore, self._time_since_restore, self._result_config
+            ),
         }
 
-    def evaluate(self) -> dict:
-        """``evaluation_duration`` episodes (or timesteps) with the current params.
+    def evaluate(self, parallel_train_future=None) -> dict:
+        """``evaluation_duration`` episodes (or timesteps) with the current params, or
+        ``custom_evaluation_function(self, eval_workers)``; see evaluation.py.
 
-        Runs in this thread on its own envs, with ``evaluation_config`` applied; it acts
-        greedily unless that config sets ``explore=True``.
+        Runs in its own thread on its own envs (at most ``evaluation_sample_timeout_s``), with
+        ``evaluation_config`` applied; it acts greedily unless that config sets
+        ``explore=True``. ``parallel_train_future`` (RLlib's argument): the training step
+        running meanwhile, which ``evaluation_duration="auto"`` evaluates as long as.
         """
-        return self._evaluator.evaluate()
+        done = parallel_train_future.done if parallel_train_future is not None else None
+        self._callbacks.call("on_evaluate_start", algorithm=self, metrics_logger=self.metrics)
+        results = self._evaluator.evaluate(self, training_done=done)
+        self._callbacks.call(
+            "on_evaluate_end",
+            algorithm=self,
+            metrics_logger=self.metrics,
+            evaluation_metrics=results,
+        )
+        return results
 
     def compute_actions(self, obs, explore: bool = False) -> np.ndarray:
         """Env actions for a batch of observations with the newest params."""
@@ -265,6 +365,43 @@ class IMPALA:
     def compute_single_action(self, obs, explore: bool = False):
         return self.compute_actions(np.asarray(obs)[None], explore=explore)[0]
 
+    @property
+    def iteration(self) -> int:
+        """``train()`` calls so far, restored ones included (RLlib's ``Algorithm.iteration``)."""
+        return self._iteration
+
+    def get_config(self):
+        """The frozen config this algorithm was built from."""
+        return self.config
+
+    def get_module(self, module_id: str = DEFAULT_MODULE_ID) -> Module | None:
+        """The policy for inference (RLlib's ``forward_inference`` / ``forward_exploration``);
+        None for an unknown module id, as in RLlib."""
+        if module_id != DEFAULT_MODULE_ID:
+            return None
+        return Module(self.networks, self.distribution, self.param_store)
+
+    def get_weights(self, policies: list[str] | None = None) -> dict:
+        """``{"default_policy": params}``, the learner's params as host numpy arrays."""
+        unknown = set(policies or ()) - {DEFAULT_MODULE_ID}
+        if unknown:
+            raise KeyError(
+                f"get_weights: no module {sorted(unknown)}; the one module is "
+                f"{DEFAULT_MODULE_ID!r}."
+            )
+        return {DEFAULT_MODULE_ID: jax.device_get(self.learner.state.params)}
+
+    def set_weights(self, weights: dict) -> None:
+        """Sets the learner's params from ``{"default_policy": params}`` (as ``get_weights``
+        returns) and publishes them to the runners; the optimizer state is kept."""
+        if DEFAULT_MODULE_ID not in weights:
+            raise KeyError(
+                f"set_weights: expected a dict with key {DEFAULT_MODULE_ID!r} "
+                f"(as get_weights() returns), got keys {sorted(weights)}."
+            )
+        self.learner.set_params(weights[DEFAULT_MODULE_ID])
+        self.env_runner_group.publish(self.learner.state.params)
+
     def get_state(self) -> dict:
         learner, replay = self.learner.state_arrays()
         return {
@@ -278,22 +415,36 @@ class IMPALA:
                 "num_updates_lifetime": self._num_updates,
                 "num_episodes_lifetime": self._episodes.num_episodes_lifetime,
             },
+            "episodes": self._episodes.get_state(),
         }
 
     def set_state(self, state: dict) -> None:
+        """Learner state, counters and the episode window; the runners then sample with the
+        restored params only (fragments and episodes begun before are dropped)."""
         self.learner.load_state_arrays(state["learner"], state.get("replay"))
+        group = self.env_runner_group
+        group.restart_for_restore()
+        if self._minibatch_buffer is not None:
+            self._minibatch_buffer = MinibatchBuffer(
+                self.config.minibatch_buffer_size, self.config.num_epochs, group.next_batch
+            )
         c = state["counters"]
         self._iteration = c["training_iteration"]
         self._time_total = c["time_total_s"]
-        self.env_runner_group.set_num_env_steps_sampled_lifetime(
-            c["num_env_steps_sampled_lifetime"]
-        )
+        group.set_num_env_steps_sampled_lifetime(c["num_env_steps_sampled_lifetime"])
         self._env_steps_trained = c["num_env_steps_trained_lifetime"]
         self._num_updates = c["num_updates_lifetime"]
-        self._episodes.num_episodes_lifetime = c["num_episodes_lifetime"]
-        self.env_runner_group.publish(self.learner.state.params)
+        episodes = state.get("episodes") or {}
+        self._episodes.set_state(dict(episodes, num_episodes_lifetime=c["num_episodes_lifetime"]))
+        self._last_lag = []
+        self._iterations_since_restore = 0
+        self._time_since_restore = 0.0
+        group.publish(self.learner.state.params)
 
-    def save(self, path) -> str:
+    def save_to_path(self, path=None) -> str:
+        """Writes a checkpoint to ``path`` (a new temporary directory if None); its path."""
+        if path is None:
+            path = tempfile.mkdtemp(prefix="impala_jax_checkpoint_")
         state = self.get_state()
         arrays = {f"learner_{i:05d}": x for i, x in enumerate(state["learner"])}
         arrays.update({f"replay_{i:05d}": x for i, x in enumerate(state["replay"])})
@@ -301,21 +452,55 @@ class IMPALA:
             "format": checkpoint.FORMAT,
             "config": checkpoint.jsonable(self.config.to_dict()),
             "counters": state["counters"],
+            "episodes": state["episodes"],
         }
-        return str(checkpoint.save(path, arrays, meta))
+        files = {}
+        if self.config.export_native_model_files:
+            files[checkpoint.NATIVE_PARAMS_FILE] = checkpoint.native_params(
+                self.learner.state.params
+            )
+        return str(checkpoint.save(path, arrays, meta, files=files))
 
-    def restore(self, path) -> None:
-        arrays, meta = checkpoint.load(path)
+    def save(self, checkpoint_dir=None) -> checkpoint.SaveResult:
+        """RLlib's ``save``: a checkpoint in ``checkpoint_dir`` (None: a new temporary
+        directory); the result has ``.checkpoint.path`` and is also usable as that path."""
+        path = self.save_to_path(checkpoint_dir)
+        return checkpoint.SaveResult(checkpoint.Checkpoint(path), metrics={})
+
+    def restore_from_path(self, path) -> None:
+        arrays, meta = checkpoint.load(checkpoint.path_of(path))
         learner = [arrays[k] for k in sorted(arrays) if k.startswith("learner_")]
         replay = [arrays[k] for k in sorted(arrays) if k.startswith("replay_")]
-        self.set_state({"learner": learner, "replay": replay, "counters": meta["counters"]})
+        self.set_state(
+            {
+                "learner": learner,
+                "replay": replay,
+                "counters": meta["counters"],
+                "episodes": meta.get("episodes"),
+            }
+        )
+        self._callbacks.call("on_checkpoint_loaded", algorithm=self)
+
+    def restore(self, checkpoint_path) -> None:
+        """Restores a path, a ``Checkpoint`` or what ``save()`` returned (RLlib's forms)."""
+        self.restore_from_path(checkpoint_path)
 
     @classmethod
-    def from_checkpoint(cls, path) -> IMPALA:
+    def from_checkpoint(cls, path, *, env=None) -> IMPALA:
+        """Builds the checkpoint's config and restores its state. ``env`` replaces the
+        checkpoint's env: needed when that was a lambda or local function, which a checkpoint
+        stores only by name (a name given to register_env must be registered again)."""
         from impala_jax.config import IMPALAConfig
+        from impala_jax.envs import check_restorable
 
+        path = checkpoint.path_of(path)
         _, meta = checkpoint.load(path)
-        algo = IMPALAConfig.from_dict(meta["config"]).build()
+        config = dict(meta["config"])
+        if env is not None:
+            config["env"] = env
+        else:
+            check_restorable(config.get("env"), config.get("env_config"), f"checkpoint {path}")
+        algo = IMPALAConfig.from_dict(config).build()
         algo.restore(path)
         return algo
 

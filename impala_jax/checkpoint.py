@@ -1,8 +1,10 @@
 """Checkpoints: arrays through orbax, config and counters as JSON; nothing pickled.
 
-A checkpoint is a directory ``arrays/`` (orbax) + ``state.json``. It is written into a
-temporary sibling directory and renamed into place at the end, so a process killed during a
-save leaves the previous checkpoint (or none), never a half-written one.
+A checkpoint is a directory ``arrays/`` (orbax) + ``state.json``, and with
+``checkpointing(export_native_model_files=True)`` also ``params.msgpack``: the policy's params
+as a flax msgpack file that loads without impala_jax (``flax.serialization.msgpack_restore``).
+It is written into a temporary sibling directory and renamed into place at the end, so a
+process killed during a save leaves the previous checkpoint (or none), never a half-written one.
 """
 
 from __future__ import annotations
@@ -19,9 +21,45 @@ import numpy as np
 FORMAT = "impala_jax/1"
 STATE_FILE = "state.json"
 ARRAYS_DIR = "arrays"
+NATIVE_PARAMS_FILE = "params.msgpack"
 
 
-def save(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict) -> Path:
+def native_params(params) -> bytes:
+    """The params pytree as flax msgpack bytes (``export_native_model_files``)."""
+    from flax import serialization
+
+    return serialization.msgpack_serialize(
+        serialization.to_state_dict(jax_to_numpy(params)), in_place=True
+    )
+
+
+def load_native_params(path: str | os.PathLike, target=None):
+    """The params of ``path/params.msgpack`` (a checkpoint directory or the file itself): a
+    nested dict of numpy arrays, or ``target``'s structure filled in when given."""
+    from flax import serialization
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / NATIVE_PARAMS_FILE
+    data = path.read_bytes()
+    if target is None:
+        return serialization.msgpack_restore(data)
+    return serialization.from_bytes(target, data)
+
+
+def jax_to_numpy(tree):
+    import jax
+
+    return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def save(
+    path: str | os.PathLike,
+    arrays: dict[str, np.ndarray],
+    meta: dict,
+    files: dict[str, bytes] | None = None,
+) -> Path:
+    """Writes a checkpoint atomically; ``files`` are extra files (name -> bytes) inside it."""
     import orbax.checkpoint as ocp
 
     path = Path(path).absolute()
@@ -38,6 +76,11 @@ def save(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict) -> 
             json.dump(meta, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
+        for name, data in (files or {}).items():
+            with open(tmp / name, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.rename(path, old)
@@ -89,3 +132,44 @@ def jsonable(value: Any):
     if callable(value):
         return f"{value.__module__}:{value.__qualname__}"
     return value
+
+
+class Checkpoint:
+    """A checkpoint directory, as RLlib's ``save()`` result names it (``.path``)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(path={self.path!r})"
+
+
+class SaveResult:
+    """What ``IMPALA.save()`` returns: RLlib's ``.checkpoint`` and ``.metrics``; also usable
+    wherever a path is (``restore(result)``, ``Path(result)``, ``str(result)``)."""
+
+    def __init__(self, checkpoint: Checkpoint, metrics: dict):
+        self.checkpoint = checkpoint
+        self.metrics = metrics
+
+    def __fspath__(self) -> str:
+        return self.checkpoint.path
+
+    def __str__(self) -> str:
+        return self.checkpoint.path
+
+    def __repr__(self) -> str:
+        return f"SaveResult(checkpoint={self.checkpoint!r})"
+
+
+def path_of(checkpoint: Any) -> str:
+    """The directory of a path, a ``Checkpoint`` (impala_jax's or Ray Tune's, both ``.path``)
+    or a ``save()`` result (``.checkpoint.path``)."""
+    if hasattr(checkpoint, "checkpoint") and hasattr(checkpoint.checkpoint, "path"):
+        return str(checkpoint.checkpoint.path)
+    if not isinstance(checkpoint, str | os.PathLike) and hasattr(checkpoint, "path"):
+        return str(checkpoint.path)
+    return os.fspath(checkpoint)

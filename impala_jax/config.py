@@ -21,11 +21,14 @@ import copy as _copy
 import dataclasses
 import difflib
 import inspect
+import logging
 from collections.abc import Mapping
 from typing import Any
 
+from impala_jax.callbacks import CALLBACK_KEYWORDS
 from impala_jax.config_checks import (
     SETTER_CHECKS,
+    batch_layout,
     find_search_space,
     is_schedule,
     is_search_space,
@@ -33,34 +36,14 @@ from impala_jax.config_checks import (
     validate_config,
 )
 from impala_jax.model_config import DEFAULT_MODEL_CONFIG
+from impala_jax.rllib_compat import NotProvided, RLlibBuilders, route
 
 __all__ = ["DEFAULT_MODEL_CONFIG", "IMPALAConfig", "NotProvided", "RLModuleSpec"]
 
 
-class _NotProvidedType:
-    """The type of `NotProvided`: "this keyword was not given", distinct from None."""
-
-    _instance: _NotProvidedType | None = None
-
-    def __new__(cls) -> _NotProvidedType:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "NotProvided"
-
-    def __reduce__(self) -> str:
-        return "NotProvided"  # pickles as the module-level singleton
-
-    def __copy__(self) -> _NotProvidedType:
-        return self
-
-    def __deepcopy__(self, memo: dict) -> _NotProvidedType:
-        return self
-
-
-NotProvided = _NotProvidedType()
+_LOG = logging.getLogger("impala_jax")
+# A keyword whose attribute has another name (RLlib's: `framework` would shadow the method).
+_ATTRIBUTE = {"framework": "framework_str"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +67,7 @@ def _plain(value: Any) -> Any:
     return _copy.deepcopy(value)
 
 
-class IMPALAConfig:
+class IMPALAConfig(RLlibBuilders):
     """Builds an `IMPALA` algorithm; RLlib's ``IMPALAConfig`` semantics (see module docstring)."""
 
     def __init__(self, algo_class: Any = None):
@@ -103,18 +86,18 @@ class IMPALAConfig:
         self.clip_actions = False  # Box actions: clip to the bounds before stepping
         self.disable_env_checking = False  # skip the env-spec sanity check at build
         self.is_atari = None  # None: detect from the env id
-        self.action_mask_key = "action_mask"  # Dict obs key holding a mask of allowed actions
+        self.action_mask_key = "action_mask"  # no Dict obs yet: others are a ValueError
 
         # .env_runners()
-        self.env_runner_cls = None  # None: impala_jax.env_runner.EnvRunner (a host thread)
+        self.env_runner_cls = None  # impala_jax.env_runner.EnvRunner; others: ValueError
         self.num_env_runners = 2  # actor threads; 0 = sample in the main thread, in lockstep
         self.num_envs_per_env_runner = 1  # envs in each runner's vectorised env
         self.gym_env_vectorize_mode = "sync"  # gymnasium.vector mode for non-envpool envs
-        self.num_cpus_per_env_runner = 1  # envpool worker threads per runner
-        self.num_gpus_per_env_runner = 0  # no effect: actors run on the default JAX device
+        self.num_cpus_per_env_runner = 1  # envpool num_threads per runner (ceil, >= 1)
+        self.num_gpus_per_env_runner = 0  # sizes Tune trials (coming): others are a ValueError
         self.sample_timeout_s = 60.0  # a runner silent this long counts as failed
-        self.max_requests_in_flight_per_env_runner = 1  # fragments a runner may queue ahead
-        self.compress_observations = False  # no effect: fragments stay in memory as arrays
+        self.max_requests_in_flight_per_env_runner = 1  # not supported yet: others ValueError
+        self.compress_observations = False  # fragments stay arrays in memory: True is a ValueError
         self.rollout_fragment_length = 50  # T, steps per fragment; "auto": see get_rollout_...
         self.batch_mode = "truncate_episodes"  # the only mode: fragments cut across episodes
         self.explore = True  # True: sample actions; False: take the most likely action
@@ -131,8 +114,8 @@ class IMPALAConfig:
         self.replay_buffer_num_slots = 0  # replay capacity in fragments (T steps each)
         self.learner_queue_size = 3  # bound of the queue between batcher and learner
         self.learner_queue_timeout = 300  # seconds the learner waits for a batch before erroring
-        self.timeout_s_sampler_manager = 0.0  # seconds one poll for fragments waits; 0 = no wait
-        self.timeout_s_aggregator_manager = 0.0  # same, for the batcher threads
+        self.timeout_s_sampler_manager = 0.0  # Ray actor manager only: others are a ValueError
+        self.timeout_s_aggregator_manager = 0.0  # same
         self.broadcast_interval = 1  # learner updates between param publications to actors
         self.grad_clip = 40.0  # clip threshold; None = no clipping
         self.opt_type = "adam"  # "adam" or "rmsprop" (implemented here; RLlib ignores it)
@@ -155,15 +138,15 @@ class IMPALAConfig:
         self.num_epochs = 1  # passes over each train batch
         self.minibatch_size = None  # env steps per SGD step; None = the whole batch
         self.shuffle_batch_per_epoch = False  # shuffle fragments between epochs
-        self.learner_class = None  # None: impala_jax.learner.Learner
+        self.learner_class = None  # impala_jax.learner.Learner; others: ValueError
 
         # .learners()
         self.num_learners = 1  # learner devices (data parallel); 0 = 1 device, no collectives
-        self.num_cpus_per_learner = "auto"  # no effect: learners are JAX devices
-        self.num_gpus_per_learner = 0  # no effect: learners use JAX's default backend
-        self.num_aggregator_actors_per_learner = 0  # batcher threads per learner; 0 = loaders do it
-        self.max_requests_in_flight_per_aggregator_actor = 3  # fragments queued per batcher thread
-        self.local_gpu_idx = 0  # index into jax.devices() of the first learner device
+        self.num_cpus_per_learner = "auto"  # sizes Tune trials (coming): others are a ValueError
+        self.num_gpus_per_learner = 0  # 0: JAX's default backend; > 0 requires a GPU backend
+        self.num_aggregator_actors_per_learner = 0  # host threads stacking batches; 0: loaders do
+        self.max_requests_in_flight_per_aggregator_actor = 3  # stacked batches queued per one
+        self.local_gpu_idx = 0  # learners are the first devices: others are a ValueError
 
         # .rl_module()
         self._model_config = merge_model_config({})  # RLlib: {}; here defaults merged in
@@ -177,7 +160,7 @@ class IMPALAConfig:
         self.evaluation_force_reset_envs_before_iteration = True  # evaluate from fresh episodes
         self.evaluation_config = None  # dict of field overrides for evaluation, e.g. explore
         self.evaluation_num_env_runners = 0  # eval runner threads; 0 = the main thread evaluates
-        self.custom_evaluation_function = None  # fn(algo) -> metrics dict, replaces the default
+        self.custom_evaluation_function = None  # fn(algorithm, eval_workers), RLlib's
 
         # .reporting()
         self.metrics_num_episodes_for_smoothing = 100  # episodes in the return/length averages
@@ -193,24 +176,37 @@ class IMPALAConfig:
         self.delay_between_env_runner_restarts_s = 60.0  # wait before a restart
         self.restart_failed_sub_environments = False  # reset a crashed env, keep the runner
         self.num_consecutive_env_runner_failures_tolerance = 100  # then train() raises
-        self.env_runner_health_probe_timeout_s = 30.0  # a runner thread silent this long is hung
-        self.env_runner_restore_timeout_s = 1800.0  # give up on a restart after this long
+        self.env_runner_health_probe_timeout_s = 30.0  # not supported yet: others ValueError
+        self.env_runner_restore_timeout_s = 1800.0  # not supported yet: others ValueError
 
         # .checkpointing()
         self.export_native_model_files = False  # also write params as a flax msgpack file
-        self.checkpoint_trainable_policies_only = False  # no effect: one policy
+        self.checkpoint_trainable_policies_only = False  # one policy: True is a ValueError
 
         # .debugging()
         self._env_runners_only = False  # sample and report, never learn
         self._skip_learners = False  # same, but batches still go through the batcher
         self.log_level = "WARN"  # level of the impala_jax logger
-        self.log_sys_usage = True  # report CPU and memory use in the results
+        self.log_sys_usage = True  # perf/cpu_util_percent, perf/ram_util_percent
         self.fake_sampler = False  # reuse the first train batch forever (learner benchmarking)
         self.seed = None  # root PRNG and env seed; None = drawn at build
 
-        # .resources() (not in the measured table; RLlib's values, no effect here)
+        # .callbacks() (impala_jax/callbacks.py). RLlib: RLlibCallback; None here = no class.
+        self.callbacks_class = None  # an RLlibCallback subclass, its import path, or a list
+        # Per-event callables (RLlib's callbacks_on_*): a callable, an import path or a list;
+        # those impala_jax does not call (callbacks.UNSUPPORTED_HOOKS) must stay None.
+        for _hook in CALLBACK_KEYWORDS:
+            setattr(self, _hook, None)
+
+        # .resources() (not in the measured table; RLlib's values; others are a ValueError)
         self.num_cpus_for_main_process = 1
+        self.num_gpus = 1  # RLlib IMPALA's old-stack value; JAX picks the devices
         self.placement_strategy = "PACK"
+
+        # .api_stack() and .framework(): RLlib's switches, fixed here (see docs/config.md).
+        self.enable_rl_module_and_learner = True  # the new API stack is the only one here
+        self.enable_env_runner_and_connector_v2 = True
+        self.framework_str = "jax"  # keyword `framework`; RLlib: "torch". Always JAX here
 
     def environment(
         self,
@@ -226,9 +222,10 @@ class IMPALAConfig:
         disable_env_checking=NotProvided,
         is_atari=NotProvided,
         action_mask_key=NotProvided,
+        **rllib_kwargs,
     ) -> IMPALAConfig:
         """Sets the environment; ``env`` may be given positionally, as in RLlib."""
-        return self._set(locals())
+        return self._set(locals(), "environment")
 
     def env_runners(
         self,
@@ -246,9 +243,10 @@ class IMPALAConfig:
         batch_mode=NotProvided,
         explore=NotProvided,
         observation_filter=NotProvided,
+        **rllib_kwargs,
     ) -> IMPALAConfig:
         """Sets the actors: how many runner threads, envs each, and fragment length."""
-        return self._set(locals())
+        return self._set(locals(), "env_runners")
 
     def training(
         self,
@@ -288,9 +286,10 @@ class IMPALAConfig:
         minibatch_size=NotProvided,
         shuffle_batch_per_epoch=NotProvided,
         learner_class=NotProvided,
+        **rllib_kwargs,
     ) -> IMPALAConfig:
         """Sets the loss, optimizer, batch sizes and the learner pipeline."""
-        return self._set(locals())
+        return self._set(locals(), "training")
 
     def learners(
         self,
@@ -302,13 +301,14 @@ class IMPALAConfig:
         max_requests_in_flight_per_aggregator_actor=NotProvided,
         local_gpu_idx=NotProvided,
         learner_class=NotProvided,
+        **rllib_kwargs,
     ) -> IMPALAConfig:
         """Sets the learner devices (data parallel over ``num_learners`` JAX devices)."""
-        return self._set(locals())
+        return self._set(locals(), "learners")
 
-    def rl_module(self, *, model_config=NotProvided) -> IMPALAConfig:
+    def rl_module(self, *, model_config=NotProvided, **rllib_kwargs) -> IMPALAConfig:
         """Sets the network; ``model_config`` is merged over `DEFAULT_MODEL_CONFIG`."""
-        return self._set(locals())
+        return self._set(locals(), "rl_module")
 
     def evaluation(
         self,
@@ -322,9 +322,10 @@ class IMPALAConfig:
         evaluation_config=NotProvided,
         evaluation_num_env_runners=NotProvided,
         custom_evaluation_function=NotProvided,
+        **rllib_kwargs,
     ) -> IMPALAConfig:
         """Sets when and how the policy is evaluated."""
-        return self._set(locals())
+        return self._set(locals(), "evaluation")
 
     def reporting(
         self,
@@ -334,9 +335,10 @@ class IMPALAConfig:
         min_train_timesteps_per_iteration=NotProvided,
         min_sample_timesteps_per_iteration=NotProvided,
         log_gradients=NotProvided,
+        **rllib_kwargs,
     ) -> IMPALAConfig:
         """Sets what one ``train()`` call covers and how results are smoothed."""
-        return self._set(locals())
+        return self._set(locals(), "reporting")
 
     def fault_tolerance(
         self,
@@ -349,18 +351,19 @@ class IMPALAConfig:
         num_consecutive_env_runner_failures_tolerance=NotProvided,
         env_runner_health_probe_timeout_s=NotProvided,
         env_runner_restore_timeout_s=NotProvided,
+        **rllib_kwargs,
     ) -> IMPALAConfig:
         """Sets what happens when an env or a runner thread fails."""
-        return self._set(locals())
+        return self._set(locals(), "fault_tolerance")
 
     def checkpointing(
         self,
-        *,
         export_native_model_files=NotProvided,
         checkpoint_trainable_policies_only=NotProvided,
+        **rllib_kwargs,
     ) -> IMPALAConfig:
-        """Sets what a checkpoint holds."""
-        return self._set(locals())
+        """Sets what a checkpoint holds; positional arguments are allowed, as in RLlib."""
+        return self._set(locals(), "checkpointing")
 
     def debugging(
         self,
@@ -371,28 +374,57 @@ class IMPALAConfig:
         log_sys_usage=NotProvided,
         fake_sampler=NotProvided,
         seed=NotProvided,
+        **rllib_kwargs,
     ) -> IMPALAConfig:
         """Sets the seed, the log level and debugging switches."""
-        return self._set(locals())
+        return self._set(locals(), "debugging")
 
-    def resources(
+    def callbacks(
         self,
+        callbacks_class=NotProvided,
         *,
-        num_cpus_for_main_process=NotProvided,
-        placement_strategy=NotProvided,
+        on_algorithm_init=NotProvided,
+        on_train_result=NotProvided,
+        on_evaluate_start=NotProvided,
+        on_evaluate_end=NotProvided,
+        on_evaluate_offline_start=NotProvided,
+        on_evaluate_offline_end=NotProvided,
+        on_env_runners_recreated=NotProvided,
+        on_offline_eval_runners_recreated=NotProvided,
+        on_checkpoint_loaded=NotProvided,
+        on_environment_created=NotProvided,
+        on_episode_created=NotProvided,
+        on_episode_start=NotProvided,
+        on_episode_step=NotProvided,
+        on_episode_end=NotProvided,
+        on_sample_end=NotProvided,
     ) -> IMPALAConfig:
-        """Accepted for RLlib compatibility; impala_jax runs in one process."""
+        """Sets RLlib-style callbacks; ``callbacks_class`` may be given positionally, as in RLlib.
+
+        ``callbacks_class``: an ``RLlibCallback`` subclass (RLlib's or
+        ``impala_jax.callbacks.RLlibCallback``), its import path, or a list of them; None = none.
+        Each ``on_*``: a callable or a list of callables, called after the class's method.
+        """
         return self._set(locals())
 
-    def _set(self, arguments: dict[str, Any]) -> IMPALAConfig:
-        """Copies every argument that was given onto the attribute of the same name."""
+    def _set(self, arguments: dict[str, Any], builder: str | None = None) -> IMPALAConfig:
+        """Copies every argument that was given onto the attribute of the same name.
+
+        RLlib-only keywords (`**rllib_kwargs` of `builder`) go through `rllib_compat.route`:
+        RLlib defaults set nothing, deprecated spellings set their new field, the rest raise.
+        """
+        extra = arguments.pop("rllib_kwargs", {})
         given = {k: v for k, v in arguments.items() if k != "self" and v is not NotProvided}
+        if extra:
+            own = [k for k in arguments if k != "self"]
+            for name, value in route(builder, extra, own).items():
+                given.setdefault(name, value)
         self._raise_if_frozen(", ".join(given) or "nothing")
         for name, value in given.items():
             if name in SETTER_CHECKS:
                 SETTER_CHECKS[name](value)
         for name, value in given.items():
-            setattr(self, name, value)
+            setattr(self, _ATTRIBUTE.get(name, name), value)
         return self
 
     def _raise_if_frozen(self, what: str) -> None:
@@ -404,7 +436,11 @@ class IMPALAConfig:
 
     def __setattr__(self, name: str, value: Any) -> None:
         self._raise_if_frozen(name)
-        if not name.startswith("_") and name not in _FIELD_TO_BUILDER and name != "algo_class":
+        if (
+            not name.startswith("_")
+            and name not in _FIELD_TO_BUILDER
+            and name not in ("algo_class", *_ATTRIBUTE.values())
+        ):
             close = difflib.get_close_matches(name, list(_FIELD_TO_BUILDER), n=3)
             raise AttributeError(
                 f"IMPALAConfig has no field {name!r}"
@@ -447,13 +483,26 @@ class IMPALAConfig:
     def _raw(self, name: str) -> Any:
         if name == "train_batch_size_per_learner":
             return self._train_batch_size_per_learner
-        return getattr(self, name)
+        return getattr(self, _ATTRIBUTE.get(name, name))
 
     @property
     def total_train_batch_size(self) -> int:
         """Env steps per update over all learners: per-learner batch * max(1, num_learners)."""
         self._resolved("train_batch_size", "train_batch_size_per_learner", "num_learners")
         return self.train_batch_size_per_learner * max(1, self.num_learners)
+
+    @property
+    def effective_train_batch_size_per_learner(self) -> int:
+        """Env steps each learner device trains on per update: `train_batch_size_per_learner`
+        rounded up to whole fragments of T (RLlib packs whole fragments the same way)."""
+        self._resolved("train_batch_size", "train_batch_size_per_learner", "num_learners")
+        layout = batch_layout(self)
+        return layout.columns * layout.fragment_length
+
+    @property
+    def effective_total_train_batch_size(self) -> int:
+        """New env steps per update over all learner devices (replayed ones not counted)."""
+        return self.effective_train_batch_size_per_learner * max(1, self.num_learners)
 
     @property
     def replay_ratio(self) -> float:
@@ -533,11 +582,28 @@ class IMPALAConfig:
                 'env=None: no environment is set; call .environment("CartPole-v1") (or another '
                 "gymnasium/envpool id, an env class or a creator function) before build()."
             )
+        self._log_effective_batch()
         frozen = self.copy(copy_frozen=True)
         algo_class = self.algo_class
         if algo_class is None:
             from impala_jax.algorithm import IMPALA as algo_class
         return algo_class(frozen)
+
+    def _log_effective_batch(self) -> None:
+        """Says once, at INFO, when the batch size was rounded up to whole fragments."""
+        requested = self.train_batch_size_per_learner
+        effective = self.effective_train_batch_size_per_learner
+        if requested != effective:
+            raw = self._train_batch_size_per_learner
+            name = "train_batch_size" if raw is None else "train_batch_size_per_learner"
+            T = self.get_rollout_fragment_length()
+            _LOG.info(
+                "%s=%d is rounded up to whole fragments: %d env steps per learner (%d x "
+                "rollout_fragment_length=%d), %d per update; results report it as "
+                "learners/default_policy/effective_train_batch_size_per_learner.",
+                *(name, requested, effective, effective // T, T),
+                self.effective_total_train_batch_size,
+            )
 
     def build_algo(self) -> Any:
         """Alias of `build()` (RLlib's newer name)."""
@@ -587,6 +653,8 @@ class IMPALAConfig:
 
 # Builder of every field, read off the signatures (training before learners: learner_class).
 _BUILDERS = (
+    "api_stack",
+    "framework",
     "environment",
     "env_runners",
     "training",
@@ -597,9 +665,11 @@ _BUILDERS = (
     "fault_tolerance",
     "checkpointing",
     "debugging",
+    "callbacks",
     "resources",
 )
 _FIELD_TO_BUILDER: dict[str, str] = {}
 for _builder in _BUILDERS:
-    for _name in list(inspect.signature(getattr(IMPALAConfig, _builder)).parameters)[1:]:
-        _FIELD_TO_BUILDER.setdefault(_name, _builder)
+    for _param in list(inspect.signature(getattr(IMPALAConfig, _builder)).parameters.values())[1:]:
+        if _param.kind is not inspect.Parameter.VAR_KEYWORD:
+            _FIELD_TO_BUILDER.setdefault(_param.name, _builder)

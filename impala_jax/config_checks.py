@@ -15,7 +15,21 @@ import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from impala_jax.model_config import ACTIVATIONS, DEFAULT_MODEL_CONFIG, ENCODERS
+from impala_jax.callbacks import (
+    CALLBACK_KEYWORDS,
+    SUPPORTED_HOOKS,
+    UNSUPPORTED_HOOKS,
+    unsupported_overrides,
+)
+from impala_jax.model_config import (
+    ACTIVATIONS,
+    BIAS_INITIALIZERS,
+    DEFAULT_MODEL_CONFIG,
+    ENCODERS,
+    INITIALIZER_KWARGS,
+    INITIALIZER_PREFIXES,
+    canonical_initializer,
+)
 
 if TYPE_CHECKING:
     from impala_jax.config import IMPALAConfig
@@ -31,7 +45,8 @@ def is_search_space(value: Any) -> bool:
     """A Ray Tune value a trial has not resolved yet (what ``tune.grid_search`` etc. return)."""
     if isinstance(value, dict):
         return len(value) == 1 and "grid_search" in value
-    return type(value).__module__.startswith("ray.tune")
+    # A class is never one, even when its metaclass is from ray.tune (RLlib's RLlibCallback).
+    return not isinstance(value, type) and type(value).__module__.startswith("ray.tune")
 
 
 def find_search_space(value: Any) -> bool:
@@ -73,6 +88,32 @@ def _schedule_problem(value: Any) -> str | None:
     if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
         return f"timesteps {steps} must be strictly increasing"
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """How one update's batch is made of fragments (see `batch_layout`)."""
+
+    fragment_length: int  # T
+    columns: int  # new fragments per learner device per update
+    replay_columns: int  # replayed fragments mixed in per device (mixin replay)
+    num_devices: int  # learner devices, max(1, num_learners)
+
+
+def batch_layout(config: IMPALAConfig) -> BatchLayout:
+    """The per-update batch: `train_batch_size_per_learner` rounded up to whole fragments.
+
+    RLlib's IMPALA packs whole fragments until a package holds at least
+    `train_batch_size_per_learner` env steps, so e.g. 512 with fragments of 50 trains on
+    11 x 50 = 550 steps per learner; impala_jax does the same, per learner device.
+    """
+    T = config.get_rollout_fragment_length()
+    columns = -(-config.train_batch_size_per_learner // T)
+    replay_columns = 0
+    if config.replay_proportion > 0 and config.replay_buffer_num_slots > 0:
+        # "replayed with a p:1 proportion to new data": p * columns replayed columns per step.
+        replay_columns = max(1, round(config.replay_proportion * columns))
+    return BatchLayout(T, columns, replay_columns, max(1, config.num_learners))
 
 
 def merge_model_config(value: Any) -> Any:
@@ -130,8 +171,60 @@ def _check_model_config(value: Any) -> None:
     merge_model_config(value)
 
 
+def _callbacks_class_problem(value: Any) -> str | None:
+    """Why `value` is not a callbacks_class (RLlib checks it as soon as callbacks() is called)."""
+    if value is None or find_search_space(value):
+        return None
+    for klass in value if isinstance(value, list | tuple) else [value]:
+        if not (isinstance(klass, type) or (isinstance(klass, str) and klass)):
+            return (
+                "expected None, an RLlibCallback subclass (a class, not an instance), its import "
+                "path 'pkg.mod:Cls', or a list of them"
+            )
+        if isinstance(klass, type) and unsupported_overrides(klass):
+            hook = unsupported_overrides(klass)[0]
+            return (
+                f"{klass.__qualname__} overrides {hook}, which {UNSUPPORTED_HOOKS[hook]}; remove "
+                f"it or move its logic to one of {', '.join(SUPPORTED_HOOKS)}"
+            )
+    return None
+
+
+def _check_callbacks_class(value: Any) -> None:
+    problem = _callbacks_class_problem(value)
+    if problem:
+        raise ValueError(f"callbacks_class={value!r}: {problem} (set with .callbacks(...)).")
+
+
+def _check_api_stack(name: str) -> Any:
+    def check(value: Any) -> None:
+        if value is not True and not is_search_space(value):
+            raise NotImplementedError(
+                f"api_stack({name}={value!r}): RLlib's old API stack is not offered; impala_jax "
+                f"is the new stack only (RLModule and Learner, EnvRunners), so leave it True."
+            )
+
+    return check
+
+
+FRAMEWORKS = ("jax", "torch", "tf2", "tf")
+
+
+def _check_framework(value: Any) -> None:
+    if value == "tfe":  # RLlib rejects it too
+        raise ValueError("framework='tfe' is deprecated (as in RLlib); use 'tf2'.")
+    if value not in FRAMEWORKS and not is_search_space(value):
+        raise ValueError(
+            f"framework={value!r}: expected one of {FRAMEWORKS} (impala_jax always runs JAX; "
+            f"RLlib's names are accepted so that RLlib scripts run)."
+        )
+
+
 # Checks RLlib makes as soon as the builder is called; everything else waits for validate().
 SETTER_CHECKS = {
+    "enable_rl_module_and_learner": _check_api_stack("enable_rl_module_and_learner"),
+    "enable_env_runner_and_connector_v2": _check_api_stack("enable_env_runner_and_connector_v2"),
+    "framework": _check_framework,
     "num_aggregation_workers": _check_deprecated_aggregation(
         "num_aggregation_workers", "learners(num_aggregator_actors_per_learner=..)"
     ),
@@ -142,6 +235,53 @@ SETTER_CHECKS = {
     "grad_clip_by": _check_grad_clip_by,
     "rollout_fragment_length": _check_rollout_fragment_length,
     "model_config": _check_model_config,
+    "callbacks_class": _check_callbacks_class,
+}
+
+
+_TUNE = "takes effect once impala_jax sizes Ray Tune trials (coming); in one process"
+# Fields with no meaning in impala_jax (yet): field -> (the one accepted value, why).
+NOT_HERE: dict[str, tuple[Any, str]] = {
+    "num_gpus_per_env_runner": (0, f"{_TUNE}, the actors act on the first learner device"),
+    "num_cpus_per_learner": ("auto", f"{_TUNE}, the learner uses what the machine has"),
+    "num_cpus_for_main_process": (1, f"{_TUNE}, it uses what the machine has"),
+    "placement_strategy": ("PACK", f"{_TUNE}, there are no placement groups"),
+    "compress_observations": (
+        False,
+        "fragments stay in memory as arrays (no Ray object store in between), so there is "
+        "nothing to compress",
+    ),
+    "checkpoint_trainable_policies_only": (
+        False,
+        "impala_jax has one policy, always trainable, and always checkpoints it",
+    ),
+    "timeout_s_sampler_manager": (
+        0.0,
+        "a Ray actor-manager timeout; runner threads hand fragments over through an in-memory "
+        "queue that nobody polls",
+    ),
+    "timeout_s_aggregator_manager": (0.0, "a Ray actor-manager timeout; there are no actors"),
+    "max_requests_in_flight_per_env_runner": (
+        1,
+        "not supported yet: a runner thread hands over one fragment at a time (back-pressure "
+        "is training(learner_queue_size=...))",
+    ),
+    "local_gpu_idx": (0, "not supported yet: the learners are the first JAX devices"),
+    "env_runner_health_probe_timeout_s": (
+        30.0,
+        "not supported yet: a runner thread is judged hung by env_runners(sample_timeout_s=...)",
+    ),
+    "env_runner_restore_timeout_s": (
+        1800.0,
+        "not supported yet: a runner thread restarts at once (after "
+        "delay_between_env_runner_restarts_s)",
+    ),
+    "action_mask_key": (
+        "action_mask",
+        "not supported yet: action masking needs Dict observations, which impala_jax does not take",
+    ),
+    "env_runner_cls": (None, "not supported yet: runners are impala_jax.env_runner.EnvRunner"),
+    "learner_class": (None, "not supported yet: the learner is impala_jax.learner.Learner"),
 }
 
 
@@ -217,7 +357,9 @@ class _Validator:
         self._learners()
         self._model_config()
         self._evaluation()
+        self._callbacks()
         self._rest()
+        self._not_here()
         if self.errors:
             raise ValueError("Invalid IMPALAConfig:\n  " + "\n  ".join(self.errors))
 
@@ -368,39 +510,36 @@ class _Validator:
             "num_env_runners",
             "num_envs_per_env_runner",
         )
-        if not c.ok(*sizes) or not _is_int(cfg.num_learners) or cfg.num_learners < 0:
+        replay = ("replay_proportion", "replay_buffer_num_slots")
+        if not c.ok(*sizes, *replay) or not _is_int(cfg.num_learners):
             return
-        t = cfg.get_rollout_fragment_length()
-        per_learner = cfg.train_batch_size_per_learner
-        name = (
-            "train_batch_size_per_learner"
-            if cfg._train_batch_size_per_learner is not None
-            else "train_batch_size"
-        )
-        if per_learner % t:
-            divisor = max(d for d in range(1, t + 1) if per_learner % d == 0)
-            if cfg.rollout_fragment_length == "auto":
-                how = (
-                    f"rollout_fragment_length='auto' gives {t} (total batch // all envs), which "
-                    f"does not divide it; set rollout_fragment_length={divisor}"
-                )
-            else:
-                how = (
-                    f"use a multiple of rollout_fragment_length={t} (e.g. "
-                    f"{max(t, per_learner // t * t)}) or set rollout_fragment_length={divisor}"
-                )
+        if cfg.num_learners < 0 or not _is_int(cfg.train_batch_size_per_learner):
+            return
+        if not c.ok("minibatch_size") or cfg.minibatch_size is None:
+            return
+        layout = batch_layout(cfg)
+        T, devices = layout.fragment_length, layout.num_devices
+        total = layout.columns * devices * T
+        if cfg.minibatch_size % T:
+            c.fail("minibatch_size", f"must be a multiple of rollout_fragment_length={T}")
+        elif cfg.minibatch_size > total:
             c.fail(
-                name, f"the per-learner train batch must split into fragments: {how}", per_learner
+                "minibatch_size",
+                f"must be <= the effective total train batch ({total} = {layout.columns} "
+                f"fragments of {T} steps per learner * {devices} learner device(s))",
             )
-        if c.ok("minibatch_size") and cfg.minibatch_size is not None:
-            total = cfg.total_train_batch_size
-            if cfg.minibatch_size % t:
-                c.fail("minibatch_size", f"must be a multiple of rollout_fragment_length={t}")
-            elif cfg.minibatch_size > total:
+        else:
+            # One compiled step splits each device's batch (new + replayed fragments) into
+            # equal minibatches: RLlib cycles through a remainder, impala_jax cannot.
+            per_device = layout.columns + layout.replay_columns
+            fragments = cfg.minibatch_size // T
+            good = [m * T * devices for m in range(1, per_device + 1) if per_device % m == 0]
+            if fragments % devices or per_device % (fragments // devices):
                 c.fail(
                     "minibatch_size",
-                    f"must be <= the total train batch ({total} = train_batch_size_per_learner "
-                    f"* max(1, num_learners))",
+                    f"each of the {devices} learner device(s) trains on {per_device} fragments "
+                    f"of {T} steps per update ({layout.columns} new + {layout.replay_columns} "
+                    f"replayed), which must split into equal minibatches; use one of {good}",
                 )
 
     def _learners(self) -> None:
@@ -424,7 +563,35 @@ class _Validator:
         c.real("num_gpus_per_learner", 0)
         c.integer("num_aggregator_actors_per_learner", 0)
         c.integer("max_requests_in_flight_per_aggregator_actor", 1)
+        if (
+            c.ok("num_aggregator_actors_per_learner", "num_env_runners")
+            and self.c.num_aggregator_actors_per_learner
+            and self.c.num_env_runners == 0
+        ):
+            c.fail(
+                "num_aggregator_actors_per_learner",
+                "needs runner threads: with num_env_runners=0 the main thread samples and "
+                "batches in lockstep; set num_env_runners >= 1 or leave it at 0",
+            )
         c.integer("local_gpu_idx", 0)
+
+    def _not_here(self) -> None:
+        """Fields RLlib has that mean nothing in one process yet: a non-default value is an
+        error, never silently accepted (see NOT_HERE)."""
+        for name, (default, why) in NOT_HERE.items():
+            if self.ok(name) and self.value(name) != default:
+                self.fail(name, f"{why}; leave it at {default!r}")
+        if self.ok("num_gpus_per_learner") and _is_real(self.c.num_gpus_per_learner):
+            if self.c.num_gpus_per_learner > 0:
+                import jax  # here, not at import: importing the config must not start JAX
+
+                if jax.default_backend() != "gpu":
+                    self.fail(
+                        "num_gpus_per_learner",
+                        f"asks for GPU learners, but JAX's backend is {jax.default_backend()!r} "
+                        "(no GPU visible to JAX); install the CUDA build of JAX, or set "
+                        "num_gpus_per_learner=0 to learn on the default device",
+                    )
 
     def _model_config(self) -> None:
         c = self
@@ -452,11 +619,50 @@ class _Validator:
         def ints(v: Any) -> bool:
             return isinstance(v, list | tuple) and all(_is_int(x) and x > 0 for x in v)
 
+        def size(v: Any) -> bool:
+            return (_is_int(v) and v > 0) or (
+                isinstance(v, list | tuple) and len(v) == 2 and all(_is_int(x) and x > 0 for x in v)
+            )
+
+        def conv_filter(f: Any) -> bool:
+            return (
+                isinstance(f, list | tuple)
+                and len(f) in (3, 4)
+                and _is_int(f[0])
+                and f[0] > 0
+                and size(f[1])
+                and size(f[2])
+                and (len(f) == 3 or str(f[3]).lower() in ("same", "valid"))
+            )
+
         def filters(v: Any) -> bool:
             return v is None or (
-                isinstance(v, list | tuple)
-                and len(v) > 0
-                and all(isinstance(f, list | tuple) and len(f) == 3 and ints(f) for f in v)
+                isinstance(v, list | tuple) and len(v) > 0 and all(conv_filter(f) for f in v)
+            )
+
+        def initializer(bias: bool) -> Any:
+            names = BIAS_INITIALIZERS if bias else tuple(INITIALIZER_KWARGS)
+            return lambda v: v is None or callable(v) or canonical_initializer(v) in names
+
+        for prefix in INITIALIZER_PREFIXES:
+            for part in ("kernel", "bias"):
+                k = f"{prefix}_{part}_initializer"
+                key(
+                    k,
+                    initializer(part == "bias"),
+                    "None (impala_jax's init), a JAX initializer init(key, shape, dtype) or one "
+                    f"of {list(BIAS_INITIALIZERS if part == 'bias' else INITIALIZER_KWARGS)} "
+                    "(torch's trailing '_' and tf's CamelCase also work)",
+                )
+                self._initializer_kwargs(mc, k)
+        fusion = [k for k in DEFAULT_MODEL_CONFIG if k.startswith("fusionnet_")]
+        for k in fusion:
+            key(
+                k,
+                lambda v, k=k: v == DEFAULT_MODEL_CONFIG[k],
+                f"the default {DEFAULT_MODEL_CONFIG[k]!r}: fusionnet_* configure RLlib's network "
+                "that fuses the encoders of multi-part observations, which impala_jax does not "
+                "have",
             )
 
         key("fcnet_hiddens", ints, "a list of positive ints")
@@ -468,9 +674,15 @@ class _Validator:
                 lambda v: (v.lower() if isinstance(v, str) else v) in ACTIVATIONS,
                 f"one of {ACTIVATIONS} (None = linear)",
             )
-        key("conv_filters", filters, "None or a list of [out_channels, kernel, stride] (ints > 0)")
+        key(
+            "conv_filters",
+            filters,
+            "None or a list of [out_channels, kernel, stride] or [out_channels, kernel, stride, "
+            "'same'|'valid'] (kernel and stride an int > 0 or [h, w])",
+        )
         key("encoder", lambda v: v in ENCODERS, f"one of {ENCODERS}")
-        for k in ("fcnet_use_layernorm", "free_log_std", "vf_share_layers"):
+        flags = ("fcnet_use_layernorm", "head_fcnet_use_layernorm", "free_log_std")
+        for k in (*flags, "vf_share_layers"):
             key(k, lambda v: isinstance(v, bool), "True or False")
         for k in ("lstm_use_prev_action", "lstm_use_prev_reward"):
             key(k, lambda v: isinstance(v, bool), "True or False")
@@ -478,6 +690,23 @@ class _Validator:
         key("use_lstm", lambda v: v is False, "False: LSTM policies are not supported yet")
         key("max_seq_len", lambda v: _is_int(v) and v > 0, "an int > 0")
         key("lstm_cell_size", lambda v: _is_int(v) and v > 0, "an int > 0")
+
+    def _initializer_kwargs(self, mc: Mapping[str, Any], name: str) -> None:
+        """`<name>_kwargs`: None or a dict of the keywords the named initializer takes."""
+        kwargs, init = mc.get(f"{name}_kwargs"), mc.get(name)
+        if kwargs is None or find_search_space(kwargs) or find_search_space(init):
+            return
+        field = f"model_config['{name}_kwargs']"
+        if not isinstance(kwargs, Mapping):
+            self.fail(field, "expected None or a dict of the initializer's keywords", kwargs)
+        elif init is None or callable(init):
+            if kwargs:
+                self.fail(field, f"only a named initializer takes kwargs ({name}={init!r})", kwargs)
+        elif canonical_initializer(init) is not None:
+            allowed = INITIALIZER_KWARGS[canonical_initializer(init)]
+            unknown = sorted(set(kwargs) - set(allowed))
+            if unknown:
+                self.fail(field, f"{init!r} takes {list(allowed)}, not {unknown}", kwargs)
 
     def _evaluation(self) -> None:
         c, cfg = self, self.c
@@ -526,6 +755,25 @@ class _Validator:
             problems = str(e).removeprefix("Invalid IMPALAConfig:").strip().replace("\n  ", "; ")
             self.fail("evaluation_config", f"the evaluation config would be invalid: {problems}")
 
+    def _callbacks(self) -> None:
+        c = self
+        if c.ok("callbacks_class"):
+            problem = _callbacks_class_problem(c.value("callbacks_class"))
+            if problem:
+                c.fail("callbacks_class", problem)
+        for hook in CALLBACK_KEYWORDS:
+            if hook in UNSUPPORTED_HOOKS:
+                c.check(hook, lambda v: v is None, f"None: {UNSUPPORTED_HOOKS[hook]}")
+            else:
+                c.check(
+                    hook,
+                    lambda v: all(
+                        callable(f) or (isinstance(f, str) and f)
+                        for f in (v if isinstance(v, list | tuple) else [v] if v else [])
+                    ),
+                    "None, a callable, its import path 'pkg.mod:fn', or a list of them",
+                )
+
     def _rest(self) -> None:
         c = self
         c.integer("metrics_num_episodes_for_smoothing", 1)
@@ -552,3 +800,7 @@ class _Validator:
         c.check("log_level", lambda v: v.upper() in LOG_LEVELS, f"one of {LOG_LEVELS}")
         c.integer("seed", 0, none_ok=True)
         c.real("num_cpus_for_main_process", 0)
+        c.real("num_gpus", 0)
+        c.choice("framework", FRAMEWORKS)
+        for name in ("enable_rl_module_and_learner", "enable_env_runner_and_connector_v2"):
+            c.check(name, lambda v: v is True, "True: the old API stack is not offered")

@@ -13,13 +13,18 @@ from typing import Any
 from impala_jax import loggers
 from impala_jax.metrics import lookup
 
-BUDGET_KEYS = ("num_env_steps_sampled_lifetime", "training_iteration", "time_total_s")
+BUDGET_KEYS = (
+    "num_env_steps_sampled_lifetime",
+    loggers.RUNNER_STEPS_KEY,
+    "training_iteration",
+    "time_total_s",
+)
 
 
 def eta_s(result: dict, stop: dict, steps_per_s: float | None) -> float | None:
     """Seconds until the first step, iteration or time budget in ``stop`` is reached."""
     etas = []
-    steps = stop.get("num_env_steps_sampled_lifetime")
+    steps = loggers.step_budget(stop)
     if steps is not None and steps_per_s:
         etas.append((steps - result.get("num_env_steps_sampled_lifetime", 0)) / steps_per_s)
     iterations = stop.get("training_iteration")
@@ -137,7 +142,7 @@ class Display:
         ret = _num(er.get("episode_return_mean"), ".2f")
         if target is not None:
             ret += f"  (stop at {target:g})"
-        budget = self.stop.get("num_env_steps_sampled_lifetime")
+        budget = loggers.step_budget(self.stop)
         steps = _num(r.get("num_env_steps_sampled_lifetime"))
         if budget:
             steps += f" / {budget:,.0f}"

@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from impala_jax.callbacks import EpisodeCallbacks, MetricsLogger
 from impala_jax.envs import ActionAdapter, VecEnv, make_vec_env
 from impala_jax.metrics import Timers
 from impala_jax.types import Trajectory
@@ -114,6 +115,7 @@ class EnvRunner:
         seed: int,
         explore: bool = True,
         num_envs: int | None = None,
+        metrics_logger: MetricsLogger | None = None,
     ):
         self.index = index
         self.T = config.get_rollout_fragment_length()
@@ -122,6 +124,11 @@ class EnvRunner:
         self.param_store = param_store
         self.timers = Timers()
         self.episodes = EpisodeLog()
+        # RLlib's EnvRunner.config / .metrics, which episode callbacks read and log to.
+        self.config = config
+        self.metrics = metrics_logger if metrics_logger is not None else MetricsLogger()
+        # on_episode_start/_end; None without them, so stepping pays one `is None` per step.
+        self.episode_callbacks = EpisodeCallbacks.make(config, self, self.metrics)
         self.env_steps = 0
         self._config = config
         self._seed = seed
@@ -156,7 +163,16 @@ class EnvRunner:
         for size in self._sizes:
             # envpool seeds env i with seed + i: space the seeds so no two envs share one.
             env = make_vec_env(
-                config.env, size, seed + offset, config.env_config, config.gym_env_vectorize_mode
+                config.env,
+                size,
+                seed + offset,
+                config.env_config,
+                config.gym_env_vectorize_mode,
+                num_cpus=config.num_cpus_per_env_runner,
+                # A creator's EnvContext, numbered as RLlib does: 0 is the main thread.
+                worker_index=self.index + 1 if config.num_env_runners and self.index >= 0 else 0,
+                num_workers=config.num_env_runners,
+                first_vector_index=offset,
             )
             self.groups.append(
                 _Group(
@@ -212,6 +228,8 @@ class EnvRunner:
         """One fragment of T steps from every env group."""
         T = self.T
         params, version = self.param_store.get()
+        if self.episode_callbacks is not None:
+            self.episode_callbacks.begin(self.groups)  # new envs start their episodes
         bufs = []
         for g in self.groups:
             n = g.env.num_envs
@@ -252,7 +270,7 @@ class EnvRunner:
                 buf["reward"][t] = reward
                 buf["terminated"][t] = terminated
                 buf["truncated"][t] = truncated
-                self._track_episodes(g, reward, terminated | truncated)
+                self._track_episodes(g, reward, terminated, truncated)
                 g.obs = obs
         out = []
         for g, buf in zip(self.groups, bufs, strict=True):
@@ -263,14 +281,21 @@ class EnvRunner:
         self.heartbeat = time.monotonic()
         return out
 
-    def _track_episodes(self, g: _Group, reward, done) -> None:
-        # A reset row (prev_done) is not a step of any episode: its reward is 0 by construction.
-        real = ~g.prev_done
+    def _track_episodes(self, g: _Group, reward, terminated, truncated) -> None:
+        done = terminated | truncated
+        # A reset row (prev_done) is not a step of any episode: its reward is 0 by construction;
+        # its observation is the first of a new episode.
+        started = g.prev_done
+        real = ~started
         g.episode_return += reward * real
         g.episode_len += real
         g.prev_done = done
+        callbacks = self.episode_callbacks
+        if callbacks is not None:  # records the finished episodes together with their metrics
+            callbacks.step(g, started, done, terminated, self.episodes)
         if done.any():
-            self.episodes.add(g.episode_return[done], g.episode_len[done])
+            if callbacks is None:
+                self.episodes.add(g.episode_return[done], g.episode_len[done])
             g.episode_return[done] = 0.0
             g.episode_len[done] = 0
 

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from impala_jax.buffers import Batcher, LearnerQueue, LearnerQueueTimeout, Loader, stack
+from impala_jax.callbacks import MetricsLogger
 from impala_jax.env_runner import EnvOutputError, EnvRunner, ParamStore, RunnerThread
 from impala_jax.metrics import Timers
 
@@ -51,6 +52,7 @@ class EnvRunnerGroup:
         self._seed = seed
         self.param_store = ParamStore(params, actor_device)
         self.timers = Timers()  # stages of the learner's thread: waiting, lockstep transfer
+        self.metrics = MetricsLogger()  # what episode callbacks log (env_runners/... results)
         self.batcher = Batcher(batch_columns)
         self.runners: list[EnvRunner] = []  # live runners: their steps and episodes count
         self._threads: dict[int, RunnerThread] = {}  # runner slot -> its thread
@@ -59,6 +61,7 @@ class EnvRunnerGroup:
         self._to_device: Callable | None = None
         self._stop = threading.Event()
         self._stopped = False
+        self._launched = False
         # What fault_tolerance/... in the results counts, and what retired runners left behind.
         self._pending_restarts: dict[int, float] = {}  # runner slot -> when to restart it
         self._retired_episodes: list = []
@@ -82,8 +85,10 @@ class EnvRunnerGroup:
         return action.dtype
 
     def start(self, to_device: Callable) -> None:
-        """Builds the envs and, when threaded, starts the runner and loader threads.
+        """Builds the envs and, when threaded, the runner threads and starts the loaders.
 
+        The runner threads begin sampling at the first ``next_batch()``, not here: a restore
+        between build and the first ``train()`` then reaches every fragment and episode.
         ``to_device`` places one host batch on the learner devices.
         """
         cfg = self.config
@@ -94,7 +99,7 @@ class EnvRunnerGroup:
         self._queue = LearnerQueue(cfg.learner_queue_size)
         for i in range(cfg.num_env_runners):
             # envpool seeds env i with seed + i: runners are spaced by their env count.
-            self._start_runner(i, self._seed + i * cfg.num_envs_per_env_runner)
+            self._start_runner(i, self._seed + i * cfg.num_envs_per_env_runner, launch=False)
         self._loader = Loader(
             self._queue,
             self.batcher,
@@ -102,6 +107,8 @@ class EnvRunnerGroup:
             num_threads=cfg.num_gpu_loader_threads,
             num_slots=cfg.num_multi_gpu_tower_stacks,
             stop=self._stop,
+            num_aggregators=cfg.num_aggregator_actors_per_learner,
+            aggregator_queue_size=cfg.max_requests_in_flight_per_aggregator_actor,
         )
 
     def _make_runner(self, index: int, seed: int) -> EnvRunner:
@@ -113,9 +120,10 @@ class EnvRunnerGroup:
             self.param_store,
             seed=seed,
             explore=self.config.explore,
+            metrics_logger=self.metrics,
         )
 
-    def _start_runner(self, index: int, seed: int) -> None:
+    def _start_runner(self, index: int, seed: int, launch: bool = True) -> None:
         cfg = self.config
         runner = self._make_runner(index, seed)
         runner.heartbeat = time.monotonic()
@@ -129,7 +137,21 @@ class EnvRunnerGroup:
         )
         self.runners.append(runner)
         self._threads[index] = thread
-        thread.start()
+        if launch:
+            thread.start()
+
+    def _launch(self) -> None:
+        """Starts the runner threads that ``start()`` built."""
+        self._launched = True
+        for thread in self._threads.values():
+            if thread.ident is None:
+                thread.runner.heartbeat = time.monotonic()
+                thread.start()
+
+    @property
+    def has_sampled(self) -> bool:
+        """Whether any runner has produced (or begun producing) a fragment."""
+        return self._launched or any(r.env_steps for r in self.runners)
 
     @property
     def local_runner(self) -> EnvRunner | None:
@@ -146,6 +168,8 @@ class EnvRunnerGroup:
             host = stack(ready[0])
             with self.timers.time("transfer"):
                 return self._to_device(host), host.param_version
+        if not self._launched:
+            self._launch()
         timeout = self.config.learner_queue_timeout
         waited = 0.0
         with self.timers.time("learner_wait"):
@@ -243,6 +267,8 @@ class EnvRunnerGroup:
 
     def _retire(self, runner: EnvRunner) -> None:
         """Keeps a runner's counts and finished episodes when it leaves the live set."""
+        if runner.episode_callbacks is not None:
+            runner.episode_callbacks.detach()  # an abandoned thread's late episodes log nothing
         self.runners.remove(runner)
         self._env_steps_sampled_base += runner.env_steps
         self._num_env_restarts_base += runner.num_env_restarts
@@ -276,6 +302,12 @@ class EnvRunnerGroup:
         """After a restore: the live runners' own steps count on top of the restored total."""
         self._env_steps_sampled_base = value - sum(r.env_steps for r in self.runners)
 
+    def drain_episodes_and_metrics(self) -> tuple[list[tuple[float, int]], dict]:
+        """`drain_episodes()` and what episode callbacks logged meanwhile, taken together: a
+        runner ends an episode's callbacks and records the episode under the same lock."""
+        with self.metrics.lock:
+            return self.drain_episodes(), self.metrics.reduce()
+
     def drain_episodes(self) -> list[tuple[float, int]]:
         """(return, length) of every episode finished since the last call, retired runners'
         included."""
@@ -305,15 +337,41 @@ class EnvRunnerGroup:
             + sum(r.num_dropped_episodes for r in self.runners),
         }
 
+    def restart_for_restore(self) -> None:
+        """Fresh runners, queue and loaders once anything was sampled (a restore mid-run).
+
+        Fragments and episodes in flight belong to the policy before the restore: they are
+        dropped, so every result after it comes from the restored params. The counts stay
+        (the restore then sets the lifetime step count). Nothing is done before the first
+        fragment: the runners built at ``start()`` have not sampled yet.
+        """
+        if not self.has_sampled:
+            return
+        self._shut_down()
+        for runner in list(self.runners):
+            self._retire(runner)  # keeps its counts
+        self._threads, self._pending_restarts = {}, {}
+        self._retired_episodes = []
+        self.metrics.reduce()  # what those episodes' callbacks logged is dropped with them
+        self.batcher = Batcher(self.batcher.columns)
+        self._stop = threading.Event()
+        self._launched = False
+        self.start(self._to_device)
+
     def stop(self) -> None:
         """Ends every runner and loader thread and closes every env; idempotent."""
         if self._stopped:
             return
         self._stopped = True
+        self._shut_down()
+
+    def _shut_down(self) -> None:
         self._stop.set()
-        threads = list(self._threads.values())
-        for thread in threads:
+        threads = [t for t in self._threads.values() if t.ident is not None]
+        for thread in self._threads.values():
             thread.stop_event.set()
+            if thread.ident is None:  # built, never started: its envs are closed here
+                thread.runner.close()
         for thread in threads:
             thread.join(timeout=10)  # each runner thread closes its own envs on its way out
         if self._loader is not None:

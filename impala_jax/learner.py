@@ -41,6 +41,7 @@ class StepSpec:
     minibatch_columns: int  # trajectories per minibatch per device
     num_epochs: int
     shuffle: bool
+    log_gradients: bool = False  # reporting(log_gradients=...): per-group gradient norms
 
 
 class Replay(NamedTuple):
@@ -111,6 +112,12 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
         )
         # Masked means become shares of the global mean, so their pmean is the global mean.
         metrics = {k: v if k in _NOT_MEANS else v * weight for k, v in metrics.items()}
+        # RLlib's names: pi_loss / vf_loss are sums over the (mini)batch's valid rows, beside
+        # their means; a device's share times the global row count has the global sum as pmean.
+        total_valid = jax.lax.psum(valid, LEARNER_AXIS)
+        for name in ("pi_loss", "vf_loss"):
+            metrics[f"mean_{name}"] = metrics[name]
+            metrics[name] = metrics[name] * total_valid
         return loss * weight, metrics
 
     def learner_step(state: LearnerState, batch: Batch, replay, env_steps):
@@ -135,6 +142,9 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
             grads, metrics = jax.grad(loss_fn, has_aux=True)(params, minibatch, entropy_coeff)
             grads = jax.lax.pmean(grads, LEARNER_AXIS)
             metrics = dict(metrics, gradients_default_optimizer_global_norm=optax.tree.norm(grads))
+            if step_spec.log_gradients:  # static: no extra work in the program when off
+                for group, group_grads in grads.items():
+                    metrics[f"gradients_{group}_global_norm"] = optax.tree.norm(group_grads)
             updates, opt_state = optimizer.update(grads, opt_state, params, env_steps=env_steps)
             params = optax.apply_updates(params, updates)
             return (params, opt_state), metrics
@@ -289,3 +299,21 @@ class Learner:
             n = self.num_devices
             if len(replay[-1]) == n and len(replay[0]) == self.step_spec.replay_slots * n:
                 self.init_replay_from_leaves(list(replay))
+
+    def set_params(self, params) -> None:
+        """Replaces the params (same structure and shapes), keeping the optimizer state."""
+        expected = jax.tree.map(np.shape, self.state.params)
+        try:
+            same = jax.tree.structure(params) == jax.tree.structure(self.state.params) and (
+                jax.tree.map(np.shape, params) == expected
+            )
+        except (TypeError, ValueError):
+            same = False
+        if not same:
+            raise ValueError(
+                "set_weights: the params do not match this algorithm's network (structure or "
+                "shapes differ); pass what get_weights() returns for the same config."
+            )
+        params = jax.tree.map(lambda x, ref: np.asarray(x, ref.dtype), params, self.state.params)
+        state = self.state.replace(params=params)
+        self.state = parallel.put(state, self.mesh, parallel.REPLICATED)

@@ -29,6 +29,14 @@ PARAMS_FILE = "params.json"
 CURVE_FILE = "learning_curve.png"
 RETURN_KEY = "env_runners/episode_return_mean"
 STEPS_KEY = "num_env_steps_sampled_lifetime"
+# RLlib's spelling of the same count (its example scripts' step budget).
+RUNNER_STEPS_KEY = "env_runners/num_env_steps_sampled_lifetime"
+
+
+def step_budget(stop: Mapping[str, Any]) -> float | None:
+    """The env-step budget of a stop dict, under either spelling (the smaller if both)."""
+    budgets = [stop[k] for k in (STEPS_KEY, RUNNER_STEPS_KEY) if k in stop]
+    return min(budgets) if budgets else None
 
 
 def json_safe(value: Any) -> Any:
@@ -50,10 +58,15 @@ def json_safe(value: Any) -> Any:
     return repr(value)
 
 
+# Result keys that are not metrics: the config (params.json has it) and Tune's bookkeeping.
+# Tune's TensorBoard logger leaves the same out; progress.csv keeps all but the config.
+NOT_SCALARS = ("config", "pid", "timestamp")
+
+
 def scalars(result: Mapping) -> dict[str, float]:
     """The numeric leaves of ``result`` under their slash keys (flags such as ``done`` left out)."""
     out = {}
-    for key, value in flatten(dict(result)).items():
+    for key, value in flatten({k: v for k, v in result.items() if k not in NOT_SCALARS}).items():
         if isinstance(value, bool):
             continue
         if isinstance(value, int | float) or (
@@ -88,14 +101,16 @@ class JsonLogger:
         now = time.time()
         line = dict(result)
         line.setdefault("done", False)
-        line.update(
+        # IMPALA.train() reports these itself (Tune's keys); added for results without them.
+        for key, value in dict(
             timestamp=int(now),
             date=datetime.datetime.fromtimestamp(now).strftime("%Y-%m-%d_%H-%M-%S"),
             pid=os.getpid(),
             hostname=socket.gethostname(),
             iterations_since_restore=self._iterations,
             time_since_restore=now - self._started,
-        )
+        ).items():
+            line.setdefault(key, value)
         # NaN (no episode finished yet) is written as NaN, as Tune does; json.loads reads it.
         self._file.write(json.dumps(json_safe(line)) + "\n")
         self._file.flush()
@@ -145,7 +160,8 @@ class CSVLogger:
         os.replace(tmp, self.path)
 
     def write(self, result: Mapping) -> None:
-        row = {k: _csv_value(v) for k, v in flatten(dict(result)).items()}
+        metrics = {k: v for k, v in result.items() if k != "config"}  # as Tune's CSV logger
+        row = {k: _csv_value(v) for k, v in flatten(metrics).items()}
         new = [k for k in row if k not in self._fields]
         if new or not self.path.exists():
             rows = self._read()[1] if self.path.exists() else []
@@ -277,8 +293,9 @@ def plot_curve(ax, points: list[tuple], stop: Mapping[str, Any] | None = None) -
         ax.plot(steps, [p[4] for p in points], "o-", ms=3, label="evaluation return mean")
     if RETURN_KEY in stop:
         ax.axhline(float(stop[RETURN_KEY]), ls="--", color="tab:red", label="stop threshold")
-    if STEPS_KEY in stop:
-        ax.axvline(float(stop[STEPS_KEY]), ls=":", color="gray", label="env-step budget")
+    budget = step_budget(stop)
+    if budget is not None:
+        ax.axvline(float(budget), ls=":", color="gray", label="env-step budget")
     ax.set_xlabel("env steps sampled")
     ax.set_ylabel("return")
     ax.grid(alpha=0.3)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
+import os
+import socket
 import threading
 import time
 from collections import deque
@@ -64,6 +68,21 @@ class EpisodeStats:
             self._lengths.append(length)
         self.num_episodes_lifetime += len(episodes)
 
+    def get_state(self) -> dict:
+        """The smoothing window and the lifetime count, as JSON (a checkpoint's counters)."""
+        return {
+            "returns": [float(x) for x in self._returns],
+            "lengths": [int(x) for x in self._lengths],
+            "num_episodes_lifetime": self.num_episodes_lifetime,
+        }
+
+    def set_state(self, state: dict) -> None:
+        self._returns.clear()
+        self._lengths.clear()
+        self._returns.extend(state.get("returns", ()))
+        self._lengths.extend(state.get("lengths", ()))
+        self.num_episodes_lifetime = state["num_episodes_lifetime"]
+
     def result(self, num_new: int, num_env_steps: int) -> dict:
         r = np.asarray(self._returns, np.float64)
         n = np.asarray(self._lengths, np.float64)
@@ -105,3 +124,93 @@ def flatten(result: dict, prefix: str = "") -> dict:
         else:
             out[key] = v
     return out
+
+
+def trainable_info(iterations_since_restore: int, time_since_restore: float, config: dict) -> dict:
+    """The keys Ray Tune's Trainable adds to every result, which RLlib's results carry."""
+    now = time.time()
+    hostname = socket.gethostname()
+    return {
+        "done": False,
+        "config": config,
+        "iterations_since_restore": iterations_since_restore,
+        "time_since_restore": time_since_restore,
+        "timestamp": int(now),
+        "date": time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now)),
+        "pid": os.getpid(),
+        "hostname": hostname,
+        "node_ip": _node_ip(hostname),
+    }
+
+
+@functools.cache
+def _node_ip(hostname: str) -> str:
+    try:
+        return socket.gethostbyname(hostname)
+    except OSError:
+        return "127.0.0.1"
+
+
+class SysUsage:
+    """``debugging(log_sys_usage=True)``: RLlib's (Ray Tune's) ``perf/cpu_util_percent`` and
+    ``perf/ram_util_percent`` for the machine.
+
+    Tune samples psutil every 0.7 s in a thread and reports the means; here the CPU share is
+    measured over the whole iteration (the mean of every sample there could be) and the memory
+    share at its end. psutil when installed, else Linux's /proc; with neither, nothing is
+    reported and a warning says so.
+    """
+
+    def __init__(self):
+        try:
+            import psutil
+        except ImportError:
+            psutil = None
+        self._psutil = psutil
+        self._last_cpu = self._cpu_times()
+        if psutil is None and self._last_cpu is None:
+            logging.getLogger(__name__).warning(
+                "debugging(log_sys_usage=True): neither psutil nor /proc is available, so "
+                "perf/cpu_util_percent and perf/ram_util_percent are not reported; install "
+                "psutil or set log_sys_usage=False."
+            )
+        elif psutil is not None:
+            psutil.cpu_percent(interval=None)  # starts psutil's interval at build
+
+    @staticmethod
+    def _cpu_times() -> tuple[float, float] | None:
+        """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+        try:
+            with open("/proc/stat") as f:
+                fields = [float(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+        total = sum(fields[:8])  # guest time is already counted in user time
+        return total - idle, total
+
+    def result(self) -> dict:
+        """CPU use since the last call (percent of all cores) and memory in use (percent)."""
+        if self._psutil is not None:
+            return {
+                "cpu_util_percent": float(self._psutil.cpu_percent(interval=None)),
+                "ram_util_percent": float(self._psutil.virtual_memory().percent),
+            }
+        now, last = self._cpu_times(), self._last_cpu
+        if now is None or last is None:
+            return {}
+        self._last_cpu = now
+        out = {}
+        if now[1] > last[1]:
+            out["cpu_util_percent"] = 100.0 * (now[0] - last[0]) / (now[1] - last[1])
+        try:
+            meminfo = {}
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    key, value = line.split(":", 1)
+                    meminfo[key] = float(value.split()[0])
+            total = meminfo["MemTotal"]
+            out["ram_util_percent"] = 100.0 * (total - meminfo["MemAvailable"]) / total
+        except (OSError, KeyError, ValueError, ZeroDivisionError):
+            pass
+        return out

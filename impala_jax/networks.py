@@ -15,6 +15,11 @@ Actors and the learner use only the returned `Networks(init, apply, dist_size)`:
 
 `model_config` takes RLlib's DefaultModelConfig keys (missing ones get RLlib's defaults) and
 impala_jax's `encoder` ("auto" | "mlp" | "nature_cnn" | "impala_cnn") and `impala_cnn_channels`.
+The `*_kernel_initializer` / `*_bias_initializer` keys take RLlib's names (torch.nn.init's, e.g.
+"xavier_uniform_", or tf.keras.initializers', e.g. "GlorotUniform") with that framework's
+keyword arguments in `*_initializer_kwargs`, or a JAX initializer `init(key, shape, dtype)`;
+None keeps impala_jax's own init (below). `fcnet_*` set the MLP encoder, `conv_*` every layer of
+the CNN encoders, `head_fcnet_*` every layer of the policy and value heads.
 
 Observations:
 - uint8 input is cast to float32 and divided by 255 inside the network, so actors can ship raw
@@ -37,7 +42,13 @@ import jax.numpy as jnp
 import numpy as np
 
 # RLlib's DefaultModelConfig keys plus impala_jax's own: one table, documented in docs/config.md.
-from impala_jax.model_config import DEFAULT_MODEL_CONFIG, ENCODERS
+from impala_jax.model_config import (
+    BIAS_INITIALIZERS,
+    DEFAULT_MODEL_CONFIG,
+    ENCODERS,
+    INITIALIZER_KWARGS,
+    canonical_initializer,
+)
 
 Params = dict[str, Any]
 
@@ -65,6 +76,18 @@ _ACTIVATIONS: dict[str | None, Callable[[jax.Array], jax.Array]] = {
 _HIDDEN_INIT = nn.initializers.orthogonal(np.sqrt(2.0))
 _PI_INIT = nn.initializers.orthogonal(0.01)
 _VF_INIT = nn.initializers.orthogonal(1.0)
+_BIAS_INIT = nn.initializers.zeros
+
+Initializer = Callable[..., jax.Array]  # init(key, shape, dtype) -> array
+
+
+class Inits(NamedTuple):
+    """The initializers of one part of the network (encoder or heads)."""
+
+    kernel: Initializer = _HIDDEN_INIT  # hidden layers
+    bias: Initializer = _BIAS_INIT
+    pi_out: Initializer = _PI_INIT  # heads only: the output layers
+    vf_out: Initializer = _VF_INIT
 
 
 class Networks(NamedTuple):
@@ -83,17 +106,130 @@ def _activation(name: str | None, field: str) -> Callable[[jax.Array], jax.Array
     return _ACTIVATIONS[key]
 
 
+# keras' glorot_*, he_* and lecun_* initializers as (scale, mode) of variance scaling.
+_KERAS_VARIANCE_SCALING = {
+    "glorot": (1.0, "fan_avg"),
+    "he": (2.0, "fan_in"),
+    "lecun": (1.0, "fan_in"),
+}
+
+
+def _torch_gain(nonlinearity: str, a: float | None) -> float:
+    """torch.nn.init.calculate_gain: the std gain torch's kaiming_* use for a nonlinearity."""
+    if nonlinearity in ("linear", "sigmoid") or nonlinearity.startswith("conv"):
+        return 1.0
+    if nonlinearity == "tanh":
+        return 5.0 / 3.0
+    if nonlinearity == "relu":
+        return float(np.sqrt(2.0))
+    if nonlinearity == "leaky_relu":
+        slope = 0.01 if a is None else a
+        return float(np.sqrt(2.0 / (1.0 + slope**2)))
+    if nonlinearity == "selu":
+        return 0.75
+    raise ValueError(f"nonlinearity={nonlinearity!r} is not one torch's calculate_gain knows.")
+
+
+def _uniform(low: float, high: float) -> Initializer:
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, low, high)
+
+    return init
+
+
+def _normal(mean: float, std: float) -> Initializer:
+    def init(key, shape, dtype=jnp.float32):
+        return (mean + std * jax.random.normal(key, shape, dtype)).astype(dtype)
+
+    return init
+
+
+def _truncated(mean: float, std: float, lower: float, upper: float) -> Initializer:
+    """N(mean, std) truncated to [lower, upper] (absolute bounds, as torch's trunc_normal_)."""
+
+    def init(key, shape, dtype=jnp.float32):
+        z = jax.random.truncated_normal(key, (lower - mean) / std, (upper - mean) / std, shape)
+        return (mean + std * z).astype(dtype)
+
+    return init
+
+
+def make_initializer(name: Any, kwargs: Mapping[str, Any] | None, field: str) -> Initializer:
+    """RLlib's initializer name (torch or tf spelling) plus its kwargs -> a JAX initializer.
+
+    Each maps onto the same distribution as the framework RLlib would hand it to; a callable is
+    used as a JAX initializer ``init(key, shape, dtype)`` and takes no kwargs.
+    """
+    kw = dict(kwargs or {})
+    if callable(name):
+        if kw:
+            raise ValueError(f"{field}_kwargs={kw!r}: a callable initializer takes no kwargs.")
+        return name
+    canon = canonical_initializer(name)
+    if canon is None:
+        raise ValueError(
+            f"{field}={name!r} is not an initializer impala_jax knows; use one of "
+            f"{sorted(INITIALIZER_KWARGS)} (torch's trailing '_' and tf's CamelCase also work) "
+            f"or a JAX initializer init(key, shape, dtype)."
+        )
+    unknown = sorted(set(kw) - set(INITIALIZER_KWARGS[canon]))
+    if unknown:
+        raise ValueError(
+            f"{field}_kwargs has {unknown}, which {name!r} does not take; it takes "
+            f"{list(INITIALIZER_KWARGS[canon])}."
+        )
+    init = nn.initializers
+    gain = float(kw.get("gain", 1.0))
+    if canon in ("xavier_uniform", "xavier_normal"):
+        dist = "uniform" if canon == "xavier_uniform" else "normal"
+        return init.variance_scaling(gain**2, "fan_avg", dist)
+    if canon in ("kaiming_uniform", "kaiming_normal"):
+        a = kw.get("a", 0.0)
+        g = _torch_gain(kw.get("nonlinearity", "leaky_relu"), a)
+        dist = "uniform" if canon == "kaiming_uniform" else "normal"
+        return init.variance_scaling(g**2, kw.get("mode", "fan_in"), dist)
+    if canon == "orthogonal":
+        return init.orthogonal(gain)
+    if canon == "normal":
+        return _normal(kw.get("mean", 0.0), kw.get("std", 1.0))
+    if canon == "uniform":
+        return _uniform(kw.get("a", 0.0), kw.get("b", 1.0))
+    if canon == "trunc_normal":
+        mean, std = kw.get("mean", 0.0), kw.get("std", 1.0)
+        return _truncated(mean, std, kw.get("a", -2.0), kw.get("b", 2.0))
+    if canon == "constant":
+        return init.constant(kw.get("val", kw.get("value", 0.0)))
+    if canon in ("zeros", "ones"):
+        return getattr(init, canon)
+    family, _, dist = canon.partition("_")
+    if family in _KERAS_VARIANCE_SCALING:  # glorot_*, he_*, lecun_*: keras' normal is truncated
+        scale, mode = _KERAS_VARIANCE_SCALING[family]
+        return init.variance_scaling(scale, mode, "truncated_normal" if dist == "normal" else dist)
+    if canon == "random_normal":
+        return _normal(kw.get("mean", 0.0), kw.get("stddev", 0.05))
+    if canon == "random_uniform":
+        return _uniform(kw.get("minval", -0.05), kw.get("maxval", 0.05))
+    if canon == "truncated_normal":
+        mean, std = kw.get("mean", 0.0), kw.get("stddev", 0.05)
+        return _truncated(mean, std, mean - 2 * std, mean + 2 * std)
+    # variance_scaling (tf): "untruncated_normal" is flax's "normal".
+    dist = kw.get("distribution", "truncated_normal")
+    dist = "normal" if dist == "untruncated_normal" else dist
+    return init.variance_scaling(float(kw.get("scale", 1.0)), kw.get("mode", "fan_in"), dist)
+
+
 class MLP(nn.Module):
     """Dense layers, each Dense -> [LayerNorm] -> activation (RLlib's MLP ordering)."""
 
     hiddens: Sequence[int]
     activation: Callable[[jax.Array], jax.Array]
     use_layernorm: bool = False
+    inits: Inits = Inits()
 
     @nn.compact
     def __call__(self, x):
         for size in self.hiddens:
-            x = nn.Dense(size, kernel_init=_HIDDEN_INIT)(x)
+            x = nn.Dense(size, kernel_init=self.inits.kernel, bias_init=self.inits.bias)(x)
             if self.use_layernorm:
                 x = nn.LayerNorm()(x)
             x = self.activation(x)
@@ -101,36 +237,45 @@ class MLP(nn.Module):
 
 
 class NatureCNN(nn.Module):
-    """Mnih et al. 2015: convs (VALID padding), flatten, dense 512; input NHWC float."""
+    """Mnih et al. 2015: convs, flatten, dense 512; input NHWC float.
 
-    conv_filters: Sequence[Sequence[int]]
+    `conv_filters`: (out_channels, (kh, kw), (sh, sw), padding) per layer; see `conv_layers`.
+    """
+
+    conv_filters: Sequence[tuple]
     activation: Callable[[jax.Array], jax.Array]
+    inits: Inits = Inits()
 
     @nn.compact
     def __call__(self, x):
-        for out_channels, kernel, stride in self.conv_filters:
+        kernel_init, bias_init = self.inits.kernel, self.inits.bias
+        for out_channels, kernel, stride, padding in self.conv_filters:
             x = nn.Conv(
                 out_channels,
-                (kernel, kernel),
-                strides=(stride, stride),
-                padding="VALID",
-                kernel_init=_HIDDEN_INIT,
+                kernel,
+                strides=stride,
+                padding=padding,
+                kernel_init=kernel_init,
+                bias_init=bias_init,
             )(x)
             x = self.activation(x)
         x = x.reshape((x.shape[0], -1))
-        return self.activation(nn.Dense(NATURE_DENSE, kernel_init=_HIDDEN_INIT)(x))
+        dense = nn.Dense(NATURE_DENSE, kernel_init=kernel_init, bias_init=bias_init)
+        return self.activation(dense(x))
 
 
 class ResidualBlock(nn.Module):
     """x + conv(relu(conv(relu(x)))), 3x3 SAME convs keeping the channel count."""
 
+    inits: Inits = Inits()
+
     @nn.compact
     def __call__(self, x):
-        channels = x.shape[-1]
+        channels, k, b = x.shape[-1], self.inits.kernel, self.inits.bias
         y = nn.relu(x)
-        y = nn.Conv(channels, (3, 3), padding="SAME", kernel_init=_HIDDEN_INIT)(y)
+        y = nn.Conv(channels, (3, 3), padding="SAME", kernel_init=k, bias_init=b)(y)
         y = nn.relu(y)
-        y = nn.Conv(channels, (3, 3), padding="SAME", kernel_init=_HIDDEN_INIT)(y)
+        y = nn.Conv(channels, (3, 3), padding="SAME", kernel_init=k, bias_init=b)(y)
         return x + y
 
 
@@ -139,17 +284,19 @@ class ImpalaCNN(nn.Module):
     and two residual blocks; then relu, flatten, dense 256 with relu. Input NHWC float."""
 
     channels: Sequence[int]
+    inits: Inits = Inits()
 
     @nn.compact
     def __call__(self, x):
+        k, b = self.inits.kernel, self.inits.bias
         for channels in self.channels:
-            x = nn.Conv(channels, (3, 3), padding="SAME", kernel_init=_HIDDEN_INIT)(x)
+            x = nn.Conv(channels, (3, 3), padding="SAME", kernel_init=k, bias_init=b)(x)
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
-            x = ResidualBlock()(x)
-            x = ResidualBlock()(x)
+            x = ResidualBlock(self.inits)(x)
+            x = ResidualBlock(self.inits)(x)
         x = nn.relu(x)
         x = x.reshape((x.shape[0], -1))
-        return nn.relu(nn.Dense(IMPALA_DENSE, kernel_init=_HIDDEN_INIT)(x))
+        return nn.relu(nn.Dense(IMPALA_DENSE, kernel_init=k, bias_init=b)(x))
 
 
 class PolicyHead(nn.Module):
@@ -166,18 +313,21 @@ class PolicyHead(nn.Module):
     gaussian: bool
     free_log_std: bool
     log_std_clip: float | None
+    use_layernorm: bool = False
+    inits: Inits = Inits()
 
     @nn.compact
     def __call__(self, x):
-        x = MLP(self.hiddens, self.activation)(x)
+        x = MLP(self.hiddens, self.activation, self.use_layernorm, self.inits)(x)
+        out_init, bias_init = self.inits.pi_out, self.inits.bias
         if not self.gaussian:
-            return nn.Dense(self.num_outputs, kernel_init=_PI_INIT)(x)
+            return nn.Dense(self.num_outputs, kernel_init=out_init, bias_init=bias_init)(x)
         if self.free_log_std:
-            mean = nn.Dense(self.num_outputs, kernel_init=_PI_INIT)(x)
+            mean = nn.Dense(self.num_outputs, kernel_init=out_init, bias_init=bias_init)(x)
             log_std = self.param("log_std", nn.initializers.zeros, (self.num_outputs,))
             log_std = jnp.broadcast_to(log_std, mean.shape)
         else:
-            out = nn.Dense(2 * self.num_outputs, kernel_init=_PI_INIT)(x)
+            out = nn.Dense(2 * self.num_outputs, kernel_init=out_init, bias_init=bias_init)(x)
             mean, log_std = jnp.split(out, 2, axis=-1)
         if self.log_std_clip is not None:
             log_std = jnp.clip(log_std, -self.log_std_clip, self.log_std_clip)
@@ -189,11 +339,14 @@ class ValueHead(nn.Module):
 
     hiddens: Sequence[int]
     activation: Callable[[jax.Array], jax.Array]
+    use_layernorm: bool = False
+    inits: Inits = Inits()
 
     @nn.compact
     def __call__(self, x):
-        x = MLP(self.hiddens, self.activation)(x)
-        return nn.Dense(1, kernel_init=_VF_INIT)(x)[:, 0]
+        x = MLP(self.hiddens, self.activation, self.use_layernorm, self.inits)(x)
+        out = nn.Dense(1, kernel_init=self.inits.vf_out, bias_init=self.inits.bias)
+        return out(x)[:, 0]
 
 
 def is_channel_first(shape: Sequence[int]) -> bool:
@@ -234,22 +387,65 @@ def _resolve_encoder(encoder: str, observation_space: gym.Space) -> str:
     return encoder
 
 
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if np.isscalar(v) else (int(v[0]), int(v[1]))
+
+
+def conv_layers(filters: Sequence[Sequence[Any]] | None) -> tuple:
+    """RLlib's conv_filters -> ((out, (kh, kw), (sh, sw), padding), ...) for `NatureCNN`.
+
+    Each entry is [out_channels, kernel, stride] or [out_channels, kernel, stride, padding],
+    kernel and stride an int or a pair, padding "same" (RLlib's default) or "valid". None gives
+    the Nature DQN stack, which uses VALID padding as in the paper.
+    """
+    if filters is None:
+        return tuple((o, _pair(k), _pair(st), "VALID") for o, k, st in NATURE_CONV_FILTERS)
+    layers = []
+    for f in filters:
+        if len(f) not in (3, 4) or (len(f) == 4 and str(f[3]).lower() not in ("same", "valid")):
+            raise ValueError(
+                f"conv_filters={filters!r}: expected [[out, kernel, stride(, 'same'|'valid')], "
+                "...], kernel and stride an int or [h, w]."
+            )
+        padding = str(f[3]).upper() if len(f) == 4 else "SAME"
+        layers.append((int(f[0]), _pair(f[1]), _pair(f[2]), padding))
+    return tuple(layers)
+
+
+def _inits(config: Mapping[str, Any], prefix: str, head: bool = False) -> Inits:
+    """The Inits of one part from its `<prefix>_kernel_initializer` / `_bias_initializer` keys;
+    an unset key keeps impala_jax's default (for heads: also the two output layers')."""
+    kernel, bias = (config[f"{prefix}_{k}_initializer"] for k in ("kernel", "bias"))
+    out = Inits()
+    if kernel is not None:
+        k = make_initializer(
+            kernel, config[f"{prefix}_kernel_initializer_kwargs"], f"{prefix}_kernel_initializer"
+        )
+        out = out._replace(kernel=k, pi_out=k, vf_out=k) if head else out._replace(kernel=k)
+    if bias is not None:
+        field = f"{prefix}_bias_initializer"
+        if not callable(bias) and canonical_initializer(bias) not in BIAS_INITIALIZERS:
+            raise ValueError(
+                f"{field}={bias!r} needs a weight matrix (fan in/out); for a bias use one of "
+                f"{list(BIAS_INITIALIZERS)}."
+            )
+        out = out._replace(bias=make_initializer(bias, config[f"{field}_kwargs"], field))
+    return out
+
+
 def _make_encoder(name: str, config: Mapping[str, Any]) -> nn.Module:
     if name == "mlp":
         return MLP(
             tuple(config["fcnet_hiddens"]),
             _activation(config["fcnet_activation"], "fcnet_activation"),
             bool(config["fcnet_use_layernorm"]),
+            _inits(config, "fcnet"),
         )
+    inits = _inits(config, "conv")
     if name == "nature_cnn":
-        filters = config["conv_filters"] or NATURE_CONV_FILTERS
-        filters = tuple(tuple(int(v) for v in f) for f in filters)
-        if any(len(f) != 3 for f in filters):
-            raise ValueError(
-                f"conv_filters={config['conv_filters']!r}: expected [[out, kernel, stride], ...]."
-            )
-        return NatureCNN(filters, _activation(config["conv_activation"], "conv_activation"))
-    return ImpalaCNN(tuple(int(c) for c in config["impala_cnn_channels"]))
+        activation = _activation(config["conv_activation"], "conv_activation")
+        return NatureCNN(conv_layers(config["conv_filters"]), activation, inits)
+    return ImpalaCNN(tuple(int(c) for c in config["impala_cnn_channels"]), inits)
 
 
 def _make_preprocess(observation_space: gym.Space) -> Callable[[jax.Array], jax.Array]:
@@ -306,6 +502,13 @@ def make_networks(
     config = {**DEFAULT_MODEL_CONFIG, **dict(model_config or {})}
     if config["use_lstm"]:
         raise ValueError("model_config['use_lstm']=True is not supported yet; set it to False.")
+    fusion = {k: v for k, v in config.items() if k.startswith("fusionnet_")}
+    if any(v != DEFAULT_MODEL_CONFIG[k] for k, v in fusion.items()):
+        raise ValueError(
+            f"model_config {fusion}: the fusionnet_* keys configure RLlib's network that fuses "
+            "the encoders of multi-part observations, which impala_jax does not have (Box and "
+            "Discrete observations only); leave them at their defaults."
+        )
 
     encoder_name = _resolve_encoder(config["encoder"], observation_space)
     num_outputs, gaussian = _action_layout(action_space)
@@ -319,10 +522,19 @@ def make_networks(
     preprocess = _make_preprocess(observation_space)
     encoder = _make_encoder(encoder_name, config)
     vf_encoder = None if shared else _make_encoder(encoder_name, config)
+    head_layernorm = bool(config["head_fcnet_use_layernorm"])
+    head_inits = _inits(config, "head_fcnet", head=True)
     pi_head = PolicyHead(
-        head_hiddens, head_activation, num_outputs, gaussian, free_log_std, log_std_clip
+        head_hiddens,
+        head_activation,
+        num_outputs,
+        gaussian,
+        free_log_std,
+        log_std_clip,
+        head_layernorm,
+        head_inits,
     )
-    vf_head = ValueHead(head_hiddens, head_activation)
+    vf_head = ValueHead(head_hiddens, head_activation, head_layernorm, head_inits)
     dist_size = 2 * num_outputs if gaussian else num_outputs
 
     # The dtype the env delivers, as JAX holds it (int64 becomes int32 without x64).

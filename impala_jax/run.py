@@ -1,4 +1,5 @@
-"""``python -m impala_jax.run EXPERIMENT.py [section.field=value ...] [--stop KEY=VALUE ...]``
+"""``python -m impala_jax.run EXPERIMENT.py [section.field=value ...] [--stop KEY=VALUE ...]
+[-- SCRIPT_ARGS ...]``
 
 An experiment file is a Python file that defines a module-level ``config`` (an IMPALAConfig) and
 optionally ``stop``, a dict of result paths to thresholds, as Ray Tune and RLlib's tuned
@@ -6,6 +7,20 @@ examples use: the run stops when any result value reaches its threshold. Overrid
 the same builder methods: ``training.lr=3e-4`` calls ``config.training(lr=3e-4)``; values are
 Python literals (a bare word is a string), and ``section.field.key=value`` changes one key of a
 dict field, e.g. ``rl_module.model_config.fcnet_hiddens=[64,64]``.
+
+While the file runs, sys.argv is the file's path plus the arguments after ``--``, so a file that
+parses its own arguments (RLlib's tuned examples: add_rllib_example_script_args, then
+parser.parse_args()) sees only those; it runs as a module, not as __main__, so its
+``if __name__ == "__main__":`` block does not run. RLlib's example arguments act as RLlib's
+example runner makes them act: --num-env-runners, --num-envs-per-env-runner, --num-learners,
+--env, --evaluation-* set the config, and --stop-reward / --stop-timesteps / --stop-iters are
+the stop when the file defines none; one with no counterpart here is an error.
+
+A stop key must be a result train() can report for the config; one that can never appear
+(a typo, evaluation/... without evaluation) is an error before anything is built. A key not
+reported yet (env_runners/episode_return_mean before the first episode ends) just waits.
+Callbacks may log keys of their own: with episode hooks, keys under env_runners/ are accepted;
+with an algorithm-level hook (on_train_result, ...), any key; each with a note.
 
 The run directory LOGDIR/NAME_TIMESTAMP/ receives params.json (the resolved config), run.json
 (how the run was started), result.json (one JSON line per iteration, Tune's format),
@@ -38,8 +53,8 @@ from impala_jax.experiment import (
     RunError,
     apply_overrides,
     check_stop,
+    check_stop_keys,
     load_experiment,
-    missing_stop_message,
     one_line,
     parse_stop,
     stop_reached,
@@ -64,10 +79,13 @@ EXAMPLES = """examples:
   python -m impala_jax.run experiments/cartpole.py 'rl_module.model_config.fcnet_hiddens=[32]'
   python -m impala_jax.run --resume runs/cartpole_2025-01-01_12-00-00 --stop time_total_s=600
   WANDB_MODE=offline python -m impala_jax.run experiments/cartpole.py --wandb
+  python -m impala_jax.run cartpole_impala.py --stop training_iteration=50 \\
+      -- --num-env-runners=2 --stop-reward=450
 
 stop keys are slash paths into the result dict, e.g. env_runners/episode_return_mean,
-num_env_steps_sampled_lifetime, training_iteration, time_total_s; the step, iteration and time
-budgets give the live display its ETA.
+env_runners/num_env_steps_sampled_lifetime (RLlib's step budget; the same count as the
+top-level num_env_steps_sampled_lifetime), training_iteration, time_total_s; the step,
+iteration and time budgets give the live display its ETA.
 """
 
 EXIT_STOPPED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -86,6 +104,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "overrides", nargs="*", help="section.field=value, e.g. training.lr=1e-3 (repeatable)"
+    )
+    parser.add_argument(
+        "script_args",
+        nargs="*",
+        metavar="-- SCRIPT_ARGS",
+        help="after --: the experiment file's own arguments (its sys.argv[1:] while it loads)",
     )
     parser.add_argument(
         "--stop",
@@ -141,7 +165,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--wandb-project", default="impala_jax", help="W&B project (default impala_jax)"
     )
-    args = parser.parse_intermixed_args(argv)
+    # Everything after the first `--` belongs to the experiment file's own parser.
+    script_args: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, script_args = argv[:at], argv[at + 1 :]
+    args, unknown = parser.parse_known_intermixed_args(argv)
+    if unknown:
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)} (arguments for the experiment "
+            "file's own parser go after `--`)"
+        )
+    args.script_args = script_args
     # `--resume DIR training.lr=1e-3`: the first override lands in the experiment slot.
     if args.experiment and "=" in args.experiment and not args.experiment.endswith(".py"):
         args.overrides.insert(0, args.experiment)
@@ -198,13 +233,16 @@ def prepare(args: argparse.Namespace):
         run_dir = Path(args.resume)
         record, resume_from = resume_point(run_dir)
         experiment = args.experiment or record.get("experiment")
+        script_args = args.script_args or record.get("script_args", [])
         if experiment and Path(experiment).is_file():
-            load_experiment(experiment)  # registers an env class the experiment defines
+            # Registers an env class the experiment defines; the config is the checkpoint's.
+            load_experiment(experiment, script_args)
         config = checkpoint_config(resume_from)
         stop = check_stop(record.get("stop", {}))
         name = record.get("name", run_dir.name)
     else:
-        config, stop = load_experiment(args.experiment)
+        script_args = args.script_args
+        config, stop = load_experiment(args.experiment, script_args)
         name = args.name or Path(args.experiment).stem
         record = {"experiment": str(Path(args.experiment).absolute()), "name": name}
         run_dir = None
@@ -222,14 +260,19 @@ def prepare(args: argparse.Namespace):
         raise RunError(one_line(err) + hint) from err
     if config.env is None:
         raise RunError('no environment: set config.environment("...") or environment.env=ID')
+    notes = check_stop_keys(stop, config)
     if args.wandb:
         missing = loggers.wandb_missing_message()
         if missing:
             raise RunError(missing)
-    record.update(stop=stop, overrides=record.get("overrides", []) + list(args.overrides))
+    record.update(
+        stop=stop,
+        overrides=record.get("overrides", []) + list(args.overrides),
+        script_args=script_args,
+    )
     record.setdefault("wandb_id", uuid.uuid4().hex[:12])
     record.setdefault("argv", []).append(sys.argv[1:])
-    return config, stop, run_dir, name, record, resume_from
+    return config, stop, run_dir, name, record, resume_from, notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         set_jax_environment(args.devices)
         enable_compile_cache(args.compile_cache)
-        config, stop, run_dir, name, record, resume_from = prepare(args)
+        config, stop, run_dir, name, record, resume_from, notes = prepare(args)
     except RunError as err:
         print(f"impala_jax.run: error: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -249,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         mode = "live" if sys.stdout.isatty() else "plain"
     display = Display(mode, run_dir, name, stop)
+    for note in notes:
+        display.note(note)
     with StopSignal(display) as interrupt:
         try:
             return _train(
@@ -293,7 +338,7 @@ def _train(args, config, stop, run_dir, name, record, resume_from, display, inte
 
 
 def _loop(algo, args, stop, run_dir, display, interrupt, writers, iteration: int) -> int:
-    reason, saved_at, first, result = None, None, True, None
+    reason, saved_at, result = None, None, None
     while interrupt.signum is None:
         result = algo.train()
         iteration = result["training_iteration"]
@@ -302,12 +347,6 @@ def _loop(algo, args, stop, run_dir, display, interrupt, writers, iteration: int
         for writer in writers:
             writer.write(result)
         display.update(result)
-        error = missing_stop_message(result, stop) if first else None
-        first = False
-        if error:
-            display.close()
-            print(f"impala_jax.run: error: {error}", file=sys.stderr)
-            return EXIT_USAGE
         if reason:
             break
         if args.checkpoint_freq and iteration % args.checkpoint_freq == 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from impala_jax.config_checks import batch_layout
 from impala_jax.learner import LossSpec, StepSpec
 from impala_jax.optim import OptimizerSpec
 
@@ -36,31 +37,23 @@ def loss_spec(config) -> LossSpec:
 
 
 def step_spec(config, num_devices: int) -> StepSpec:
-    T = config.get_rollout_fragment_length()
-    columns = config.train_batch_size_per_learner // T
-    replay_columns = 0
+    """The learner's static batch layout; `config.validate()` has already checked it."""
+    layout = batch_layout(config)
+    T, columns, replay_columns = layout.fragment_length, layout.columns, layout.replay_columns
     replay_slots = 0
-    if config.replay_proportion > 0 and config.replay_buffer_num_slots > 0:
-        # "replayed with a p:1 proportion to new data": p * columns replayed columns per step.
-        replay_columns = max(1, round(config.replay_proportion * columns))
+    if replay_columns:
         replay_slots = math.ceil(config.replay_buffer_num_slots / num_devices)
     total = columns + replay_columns
     if config.minibatch_size is None:
         mb = total
     else:
         global_mb = config.minibatch_size // T
-        if global_mb % num_devices:
-            raise ValueError(
-                f"training(minibatch_size={config.minibatch_size}) is {global_mb} fragments of "
-                f"{T} steps, which does not split over {num_devices} learner devices; use a "
-                f"multiple of {T * num_devices}."
-            )
         mb = global_mb // num_devices
-        if total % mb:
+        if global_mb % num_devices or mb == 0 or total % mb:
             raise ValueError(
-                f"training(minibatch_size={config.minibatch_size}) does not divide the per-device "
-                f"batch of {total} fragments ({columns} new + {replay_columns} replayed); choose "
-                f"a minibatch_size whose fragment count divides {total}."
+                f"training(minibatch_size={config.minibatch_size}) does not split the per-device "
+                f"batch of {total} fragments of {T} steps ({columns} new + {replay_columns} "
+                f"replayed) over {num_devices} learner device(s) into equal minibatches."
             )
     return StepSpec(
         columns=columns,
@@ -71,6 +64,7 @@ def step_spec(config, num_devices: int) -> StepSpec:
         # (buffers.MinibatchBuffer); otherwise they run inside the one compiled step.
         num_epochs=1 if config.minibatch_buffer_size > 1 else config.num_epochs,
         shuffle=bool(config.shuffle_batch_per_epoch),
+        log_gradients=bool(config.log_gradients),
     )
 
 

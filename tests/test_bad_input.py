@@ -53,10 +53,45 @@ CONFIG_CASES = [
         ["train_batch_size_per_learner"],
     ),
     (
-        "batch_not_fragments",
-        lambda: cfg(train_batch_size_per_learner=100).validate(),
+        # 100 steps are rounded up to 13 fragments of 8, which 2-fragment minibatches cannot split.
+        "minibatch_not_splitting_rounded_batch",
+        lambda: cfg(train_batch_size_per_learner=100, minibatch_size=16).validate(),
         ValueError,
-        ["train_batch_size_per_learner", "100"],
+        ["minibatch_size", "16", "13 fragments"],
+    ),
+    (
+        "old_api_stack",
+        lambda: small_config().api_stack(enable_rl_module_and_learner=False),
+        NotImplementedError,
+        ["enable_rl_module_and_learner", "old API stack"],
+    ),
+    (
+        "multi_agent_policies",
+        lambda: small_config().multi_agent(policies={"p0", "p1"}),
+        NotImplementedError,
+        ["multi_agent", "policies", "multi-agent"],
+    ),
+    (
+        "rllib_keyword_not_offered",
+        lambda: small_config().env_runners(env_to_module_connector=lambda env: None),
+        NotImplementedError,
+        ["env_to_module_connector", "ConnectorV2"],
+    ),
+    (
+        "framework_typo",
+        lambda: small_config().framework("troch"),
+        ValueError,
+        ["framework", "troch"],
+    ),
+    (
+        "initializer_unknown",
+        lambda: (
+            small_config()
+            .rl_module(model_config={"fcnet_kernel_initializer": "glorot_unifrom"})
+            .validate()
+        ),
+        ValueError,
+        ["fcnet_kernel_initializer", "glorot_unifrom"],
     ),
     (
         "minibatch_not_fragments",

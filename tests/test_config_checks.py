@@ -29,8 +29,13 @@ INVALID = [
     ("training", {"vtrace": False}, "vtrace", "False"),
     ("training", {"num_epochs": 0}, "num_epochs", "0"),
     ("training", {"train_batch_size_per_learner": 0}, "train_batch_size_per_learner", "0"),
-    ("training", {"train_batch_size_per_learner": 120}, "train_batch_size_per_learner", "120"),
-    ("training", {"train_batch_size": 501}, "train_batch_size", "501"),
+    (
+        "training",
+        # 512 is rounded up to 11 fragments of 50, which 2-fragment minibatches do not split.
+        {"train_batch_size_per_learner": 512, "minibatch_size": 100},
+        "minibatch_size",
+        "100",
+    ),
     ("training", {"minibatch_size": 75}, "minibatch_size", "75"),
     ("training", {"minibatch_size": 1000}, "minibatch_size", "1000"),
     ("training", {"broadcast_interval": 0}, "broadcast_interval", "0"),

@@ -1,11 +1,16 @@
-"""The experiment file, its overrides and its stop criteria, in-process."""
+"""The experiment file, its overrides, its stop criteria and the result schema they are checked
+against, and RLlib's example scripts with their own arguments; in-process."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from impala_jax import IMPALAConfig, experiment
 from impala_jax.experiment import RunError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def config():
@@ -69,13 +74,7 @@ def test_stop_parsing_and_criteria():
     assert experiment.stop_reached(result, stop) is None  # NaN (no episode yet) never stops
     result["env_runners"]["episode_return_mean"] = 451.0
     assert experiment.stop_reached(result, stop) == "env_runners/episode_return_mean=451 >= 450"
-    assert experiment.missing_stop_keys(result, {"env_runners/episode_return": 1}) == [
-        "env_runners/episode_return"
-    ]
-    assert (
-        experiment.missing_stop_keys(result, {"evaluation/env_runners/episode_return_mean": 1})
-        == []
-    )
+    assert experiment.stop_reached({"time_total_s": 1.0}, stop) is None  # absent: not yet
 
 
 def test_one_line():
@@ -100,3 +99,142 @@ def test_experiment_file_errors(tmp_path):
     )
     with pytest.raises(RunError, match="not a number"):
         experiment.load_experiment(bad_stop)
+
+
+# ---------------------------------------------------------------------------- stop keys
+
+
+def test_stop_keys_not_reported_yet_are_fine_and_impossible_ones_fail_fast():
+    c = config().env_runners(num_env_runners=0)
+    # Pong on a CPU: no episode ends in the first iterations; RLlib's default step budget.
+    stop = {
+        "env_runners/episode_return_mean": 18,
+        "env_runners/num_env_steps_sampled_lifetime": 1e6,
+        "num_env_steps_sampled_lifetime": 1e6,
+        "training_iteration": 10,
+        "learners/default_policy/default_optimizer_learning_rate": 1,
+    }
+    assert experiment.check_stop_keys(stop, c) == []
+    with pytest.raises(RunError, match=r"env_runners/episode_return \(did you mean "):
+        experiment.check_stop_keys({"env_runners/episode_return": 1}, c)
+    with pytest.raises(RunError, match="need evaluation"):
+        experiment.check_stop_keys({"evaluation/env_runners/episode_return_mean": 1}, c)
+    c.evaluation(evaluation_interval=2)
+    assert experiment.check_stop_keys({"evaluation/env_runners/episode_return_mean": 1}, c) == []
+    # Stages that only threaded runners have.
+    with pytest.raises(RunError, match="timers/learner_wait_s"):
+        experiment.check_stop_keys({"timers/learner_wait_s": 1}, c)
+    c.env_runners(num_env_runners=2)
+    assert experiment.check_stop_keys({"timers/learner_wait_s": 1}, c) == []
+    with pytest.raises(RunError, match="not a result that training moves"):
+        experiment.check_stop_keys({"hostname": 1}, c)
+    with pytest.raises(RunError, match="not a result that training moves"):
+        experiment.check_stop_keys({"config/lr": 1}, c)
+
+
+def test_stop_keys_callbacks_may_log_are_kept_with_a_note():
+    from impala_jax.callbacks import RLlibCallback
+
+    class EpisodeMetrics(RLlibCallback):
+        def on_episode_end(self, **kwargs):
+            pass
+
+    def on_train_result(**kwargs):
+        pass
+
+    keys = {"env_runners/my_metric": 1, "evaluation/env_runners/my_metric": 1}
+    top = {"my_top": 1, "learners/default_policy/my_loss": 1}
+    c = config().evaluation(evaluation_interval=1)
+    assert experiment.callback_prefixes(c) == ()
+    with pytest.raises(RunError, match="my_metric"):
+        experiment.check_stop_keys(keys, c)
+    c.callbacks(RLlibCallback)  # the no-op base class logs nothing
+    assert experiment.callback_prefixes(c) == ()
+    # Episode hooks log under env_runners/ (evaluation/env_runners/ when evaluating).
+    for episode_callbacks in ({"callbacks_class": EpisodeMetrics}, {"on_episode_end": print}):
+        c = config().evaluation(evaluation_interval=1).callbacks(**episode_callbacks)
+        notes = experiment.check_stop_keys(keys, c)
+        assert len(notes) == 2 and "env_runners/my_metric" in notes[0] and "callbacks" in notes[0]
+        for key, value in top.items():
+            with pytest.raises(RunError, match="never reports"):
+                experiment.check_stop_keys({key: value}, c)
+    c.evaluation(evaluation_interval=None)  # no evaluation episodes: nothing logged there
+    with pytest.raises(RunError, match="evaluation/env_runners/my_metric"):
+        experiment.check_stop_keys(keys, c)
+    # An algorithm-level hook gets the algorithm's metrics logger and the result: anywhere.
+    c.callbacks(on_train_result=on_train_result)
+    assert len(experiment.check_stop_keys({**keys, **top}, c)) == 4
+    assert experiment.check_stop_keys({"training_iteration": 3}, c) == []  # known: no note
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("num_env_runners", [0, 1])
+def test_result_schema_is_what_train_reports(num_env_runners):
+    """Every key of real results is in the schema; every schema key is in the first result,
+    except the episode means (NaN or absent before an episode ends) and evaluation keys, which
+    are in the first evaluating result."""
+    from impala_jax.metrics import flatten
+    from tests.test_algorithm import small_config
+
+    c = small_config(num_env_runners=num_env_runners).evaluation(
+        evaluation_interval=2, evaluation_duration=1
+    )
+    schema = experiment.result_schema(c)
+    with c.build() as algo:
+        first, second = algo.train(), algo.train()
+    first_keys, second_keys = set(flatten(first)), set(flatten(second))
+    # A key train() reports that the schema lacks: list it in experiment.py's key lists.
+    assert sorted(k for k in first_keys | second_keys if not schema.known(k)) == []
+    assert any(k.startswith(experiment.CONFIG_PREFIX) for k in first_keys)
+    not_yet = schema.episode_keys | schema.evaluation_keys
+    assert sorted(schema.keys - first_keys - not_yet) == []
+    assert schema.evaluation_keys <= second_keys  # the first evaluating iteration has them all
+    assert not any(k.startswith("evaluation/") for k in first_keys)
+    assert schema.evaluation_keys and schema.episode_keys < schema.keys
+
+
+# ---------------------------------------------------------------------------- RLlib's examples
+
+EXAMPLE = ROOT / "tests" / "rllib_examples" / "cartpole_impala.py"
+
+
+def test_rllib_example_script_loads_with_its_own_arguments(monkeypatch):
+    import sys
+
+    import ray.rllib.utils.test_utils as rllib_test_utils
+
+    ran = []
+    monkeypatch.setattr(
+        rllib_test_utils, "run_rllib_example_script_experiment", lambda *a, **k: ran.append(a)
+    )
+    argv = list(sys.argv)
+    c, stop = experiment.load_experiment(EXAMPLE)
+    assert sys.argv == argv and ran == []  # the __main__ block did not run
+    # RLlib's runner's default stop, from the parser's defaults.
+    assert stop == {
+        "env_runners/episode_return_mean": 450.0,
+        "env_runners/num_env_steps_sampled_lifetime": 2000000,
+        "training_iteration": 200,
+    }
+    assert c.num_env_runners == 0 and c.model_config["fcnet_hiddens"] == [8]
+    c, stop = experiment.load_experiment(
+        EXAMPLE,
+        ["--num-env-runners=1", "--num-envs-per-env-runner", "2", "--num-learners=1"]
+        + ["--stop-iters=3", "--hidden=5", "--evaluation-interval=2"],
+    )
+    assert sys.argv == argv and ran == []
+    assert (c.num_env_runners, c.num_envs_per_env_runner, c.num_learners) == (1, 2, 1)
+    assert c.model_config["fcnet_hiddens"] == [5]  # the script's own argument
+    assert c.evaluation_interval == 2 and c.evaluation_duration == 10  # RLlib's default
+    assert stop["training_iteration"] == 3
+    assert experiment.check_stop_keys(stop, c) == []
+
+
+def test_rllib_example_script_argument_errors(capsys):
+    with pytest.raises(RunError, match="--num-agents=2: multi-agent is not supported"):
+        experiment.load_experiment(EXAMPLE, ["--num-agents=2"])
+    with pytest.raises(RunError, match=r"use impala_jax.run's --checkpoint-freq"):
+        experiment.load_experiment(EXAMPLE, ["--checkpoint-freq=5"])
+    with pytest.raises(RunError, match="exited with status 2.*after `--`"):
+        experiment.load_experiment(EXAMPLE, ["--no-such-arg"])
+    assert "unrecognized arguments: --no-such-arg" in capsys.readouterr().err

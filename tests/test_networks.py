@@ -75,7 +75,18 @@ def test_conv_filters_override_and_channel_last_images():
     params, _, _ = _check_outputs(nets, _obs(obs_space, 2), 2, 3)
     assert params["encoder"]["Conv_0"]["kernel"].shape == (4, 4, 3, 4)
     assert params["encoder"]["Conv_1"]["kernel"].shape == (3, 3, 4, 8)
-    assert params["encoder"]["Dense_0"]["kernel"].shape == (5 * 5 * 8, 512)
+    # RLlib's default padding for given filters is "same": 16 -> 8 -> 8.
+    assert params["encoder"]["Dense_0"]["kernel"].shape == (8 * 8 * 8, 512)
+
+
+def test_conv_filters_take_rllibs_full_spec():
+    obs_space = gym.spaces.Box(0, 255, (16, 12, 3), np.uint8)
+    filters = [[4, [4, 3], [2, 1], "valid"], [8, 3, 2, "same"]]
+    nets = make_networks({"conv_filters": filters}, obs_space, gym.spaces.Discrete(3))
+    params, _, _ = _check_outputs(nets, _obs(obs_space, 2), 2, 3)
+    assert params["encoder"]["Conv_0"]["kernel"].shape == (4, 3, 3, 4)
+    # valid: (16 - 4) // 2 + 1 = 7, (12 - 3) // 1 + 1 = 10; then same, stride 2: 4 x 5.
+    assert params["encoder"]["Dense_0"]["kernel"].shape == (4 * 5 * 8, 512)
 
 
 def test_channel_first_rule():
@@ -233,3 +244,107 @@ def test_wrong_observation_shape_raises():
     params = nets.init(jax.random.key(0))
     with pytest.raises(ValueError, match="shape"):
         nets.apply(params, jnp.zeros((2, 5)))
+
+
+def _kernels(params):
+    return [x for path, x in jax.tree_util.tree_leaves_with_path(params) if "kernel" in str(path)]
+
+
+def test_zeros_initializer_gives_zero_weights():
+    config = {**SMALL_MLP, "fcnet_kernel_initializer": "zeros_", "fcnet_bias_initializer": "ones_"}
+    params = make_networks(config, *CARTPOLE).init(jax.random.key(0))
+    for layer in params["encoder"].values():
+        np.testing.assert_array_equal(layer["kernel"], 0.0)
+        np.testing.assert_array_equal(layer["bias"], 1.0)
+    # The heads keep impala_jax's own init.
+    assert float(jnp.abs(params["vf"]["Dense_0"]["kernel"]).max()) > 0
+
+
+@pytest.mark.parametrize("name", ["orthogonal_", "Orthogonal", "orthogonal"])
+def test_orthogonal_initializer_with_gain(name):
+    config = {
+        "fcnet_hiddens": [16, 16],
+        "fcnet_kernel_initializer": name,
+        "fcnet_kernel_initializer_kwargs": {"gain": 3.0},
+    }
+    params = make_networks(config, *CARTPOLE).init(jax.random.key(0))
+    w = params["encoder"]["Dense_1"]["kernel"]
+    np.testing.assert_allclose(w.T @ w, 9.0 * np.eye(16), atol=1e-4)
+
+
+def test_initializer_distributions_match_torch_and_tf():
+    def std(name, kwargs=None, hiddens=(256,)):
+        config = {
+            "fcnet_hiddens": list(hiddens),
+            "fcnet_kernel_initializer": name,
+            "fcnet_kernel_initializer_kwargs": kwargs,
+        }
+        obs = gym.spaces.Box(-1, 1, (256,), np.float32)
+        params = make_networks(config, obs, gym.spaces.Discrete(2)).init(jax.random.key(0))
+        return float(np.std(params["encoder"]["Dense_0"]["kernel"]))
+
+    # torch: xavier_uniform_ bound gain * sqrt(6 / (in + out)), std = bound / sqrt(3).
+    np.testing.assert_allclose(std("xavier_uniform_", {"gain": 2.0}), 2 / np.sqrt(256), rtol=0.02)
+    # torch: kaiming_normal_ with relu: std = sqrt(2 / fan_in).
+    kaiming = std("kaiming_normal_", {"nonlinearity": "relu"})
+    np.testing.assert_allclose(kaiming, np.sqrt(2 / 256), rtol=0.02)
+    np.testing.assert_allclose(std("normal_", {"mean": 0.0, "std": 0.3}), 0.3, rtol=0.02)
+    # tf: RandomNormal's default stddev is 0.05; HeNormal is variance scaling 2 / fan_in.
+    np.testing.assert_allclose(std("RandomNormal"), 0.05, rtol=0.02)
+    np.testing.assert_allclose(std("HeNormal"), np.sqrt(2 / 256), rtol=0.03)
+
+
+def test_head_initializer_and_layernorm():
+    config = {
+        **SMALL_MLP,
+        "head_fcnet_hiddens": [4],
+        "head_fcnet_use_layernorm": True,
+        "head_fcnet_kernel_initializer": "constant_",
+        "head_fcnet_kernel_initializer_kwargs": {"val": 0.25},
+    }
+    nets = make_networks(config, *CARTPOLE)
+    params, _, _ = _check_outputs(nets, _obs(CARTPOLE[0], 2), 2, 2)
+    for head in ("pi", "vf"):
+        assert set(params[head]["MLP_0"]["LayerNorm_0"]) == {"scale", "bias"}
+        for kernel in _kernels(params[head]):
+            np.testing.assert_array_equal(kernel, 0.25)
+    assert "LayerNorm_0" not in params["encoder"]
+
+
+def test_conv_initializer_reaches_every_cnn_layer():
+    obs_space = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+    config = {
+        "encoder": "impala_cnn",
+        "impala_cnn_channels": [4],
+        "conv_kernel_initializer": "zeros",
+    }
+    params = make_networks(config, obs_space, gym.spaces.Discrete(2)).init(jax.random.key(0))
+    kernels = _kernels(params["encoder"])
+    assert len(kernels) == 6  # conv, 2 x 2 residual convs, dense
+    assert all(not np.any(k) for k in kernels)
+
+
+def test_callable_initializer_is_a_jax_initializer():
+    config = {**SMALL_MLP, "fcnet_kernel_initializer": jax.nn.initializers.ones}
+    params = make_networks(config, *CARTPOLE).init(jax.random.key(0))
+    np.testing.assert_array_equal(params["encoder"]["Dense_0"]["kernel"], 1.0)
+
+
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        ({"fcnet_kernel_initializer": "sparse_"}, "not an initializer"),
+        (
+            {
+                "fcnet_kernel_initializer": "orthogonal_",
+                "fcnet_kernel_initializer_kwargs": {"g": 1},
+            },
+            "g",
+        ),
+        ({"fcnet_bias_initializer": "xavier_uniform_"}, "bias"),
+        ({"fusionnet_hiddens": [64]}, "fusionnet"),
+    ],
+)
+def test_initializer_errors(config, match):
+    with pytest.raises(ValueError, match=match):
+        make_networks({**SMALL_MLP, **config}, *CARTPOLE)

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from impala_jax import IMPALAConfig, display, loggers, run
+from impala_jax import IMPALAConfig, display, loggers, metrics, run
 from impala_jax.run_dir import checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = str(ROOT / "experiments" / "cartpole.py")
+RLLIB_EXAMPLE = str(ROOT / "tests" / "rllib_examples" / "cartpole_impala.py")
 TINY = [
     "env_runners.num_env_runners=0",
     "env_runners.num_envs_per_env_runner=4",
@@ -76,7 +77,38 @@ def test_eta_and_budget():
     assert display.eta_s(result, {"training_iteration": 15}, None) == 10.0
     assert display.eta_s(result, {"time_total_s": 25, "training_iteration": 100}, 1.0) == 5.0
     assert display.budget_fraction(result, {"num_env_steps_sampled_lifetime": 4000}) == 0.25
+    # RLlib's spelling of the step budget counts the same steps.
+    runner_budget = {"env_runners/num_env_steps_sampled_lifetime": 2000}
+    assert display.eta_s(result, runner_budget, 100.0) == 10.0
+    result["env_runners"] = {"num_env_steps_sampled_lifetime": 1000}
+    assert display.budget_fraction(result, runner_budget) == 0.5
     assert display.budget_fraction(result, {}) is None
+
+
+def test_arguments_after_a_double_dash_go_to_the_experiment_file(capsys):
+    args = run.parse_args(
+        [CARTPOLE, "training.lr=1e-3", "--stop", "training_iteration=2", "--", "--x=1", "a=b"]
+    )
+    assert args.overrides == ["training.lr=1e-3"] and args.stop == ["training_iteration=2"]
+    assert args.script_args == ["--x=1", "a=b"]
+    assert run.parse_args([CARTPOLE]).script_args == []
+    with pytest.raises(SystemExit) as exit_:
+        run.parse_args([CARTPOLE, "--num-env-runners=2"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --num-env-runners=2" in err and "after `--`" in err
+
+
+def test_a_stop_key_that_can_never_appear_fails_before_anything_is_built(tmp_path, capsys):
+    argv = [CARTPOLE, *TINY, "--logdir", str(tmp_path), "--stop"]
+    assert run.main([*argv, "env_runners/episode_return=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "never reports" in err
+    assert "(did you mean env_runners/episode_return_m" in err
+    assert "env_runners/episode_return_mean" in err.split("did you mean", 1)[1]
+    assert run.main([*argv, "evaluation/env_runners/episode_return_mean=1"]) == 2
+    assert "evaluation_interval" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 def test_main_reports_config_errors_in_one_line(tmp_path, capsys):
@@ -140,36 +172,35 @@ def test_tensorboard_and_curve(tmp_path):
     assert matplotlib.image.imread(tmp_path / "learning_curve.png").ndim == 3
 
 
-def test_wandb_logger_with_a_fake_wandb(tmp_path, monkeypatch):
-    import types
-
-    logged = []
-
-    class FakeRun:
-        def define_metric(self, *args, **kwargs):
-            pass
-
-        def log(self, data):
-            logged.append(data)
-
-        def finish(self):
-            logged.append("finished")
-
-    fake = types.ModuleType("wandb")
-    fake.init = lambda **kwargs: logged.append(kwargs) or FakeRun()
-    monkeypatch.setitem(sys.modules, "wandb", fake)
-    assert loggers.wandb_missing_message() is None
-    w = loggers.WandbLogger(tmp_path, "name", {"lr": 1}, "proj", "abc")
-    w.write({"num_env_steps_sampled_lifetime": 5, "env_runners": {"episode_return_mean": 2.0}})
-    w.close()
-    assert logged[0]["id"] == "abc" and logged[0]["resume"] == "allow"
-    assert logged[1] == {
-        "num_env_steps_sampled_lifetime": 5.0,
-        "env_runners/episode_return_mean": 2.0,
-    }
-    assert logged[2] == "finished"
+def test_wandb_missing_message(monkeypatch):
+    assert loggers.wandb_missing_message() is None  # the test extra installs wandb
     monkeypatch.setitem(sys.modules, "wandb", None)  # what an absent package looks like
     assert "pip install" in loggers.wandb_missing_message()
+
+
+def wandb_records(path: Path):
+    """The records of a W&B run file (``run-ID.wandb``), read with wandb's own protobufs.
+
+    The file is a LevelDB-style log: a 7-byte header (``:W&B``, magic, version), then 32 KiB
+    blocks of chunks, each a 7-byte header (crc32c, little-endian uint16 length, type: 1 full,
+    2 first, 3 middle, 4 last) and its bytes; a block's tail shorter than a header is padding.
+    """
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, pending = path.read_bytes(), 7, b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
 
 
 def test_json_safe():
@@ -288,3 +319,87 @@ def test_cli_sigint_then_resume(tmp_path):
     assert matplotlib.image.imread(run_dir / "learning_curve.png").shape[-1] in (3, 4)
     final = checkpoints(run_dir)
     assert final[-1][0] == after[-1]["training_iteration"] and len(final) <= 3
+
+
+@pytest.mark.timeout(300)
+def test_cli_runs_an_rllib_example_with_its_arguments_and_real_wandb_offline(tmp_path):
+    """RLlib's tuned-example form through the CLI: its own parser gets the arguments after
+    `--`, RLlib's default stop applies (episode_return_mean, which Pendulum does not report in
+    four iterations, waits; env_runners/num_env_steps_sampled_lifetime stops the run), and
+    --wandb logs through the real wandb package, offline, into the run directory."""
+    wandb_env = {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_DIR": str(tmp_path),
+        **{f"WANDB_{d}_DIR": str(tmp_path / d.lower()) for d in ("CONFIG", "CACHE", "DATA")},
+    }
+    logdir = tmp_path / "runs"
+    proc = subprocess.run(
+        cli(
+            RLLIB_EXAMPLE,
+            "environment.env=Pendulum-v1",  # 200-step episodes: none ends in this run
+            "--wandb",
+            "--wandb-project",
+            "proj",
+            "--logdir",
+            str(logdir),
+            "--",
+            "--stop-timesteps=200",
+            "--hidden=6",
+        ),
+        capture_output=True,
+        text=True,
+        env=dict(env(), **wandb_env),
+        cwd=ROOT,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "stopped: env_runners/num_env_steps_sampled_lifetime=256 >= 200" in proc.stdout
+    (run_dir,) = logdir.iterdir()
+    lines = results(run_dir)
+    assert len(lines) == 4
+    assert all(
+        r["env_runners"]["episode_return_mean"] != r["env_runners"]["episode_return_mean"]
+        for r in lines
+    )  # NaN throughout: no episode finished
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["script_args"] == ["--stop-timesteps=200", "--hidden=6"]
+    assert record["stop"] == {
+        "env_runners/episode_return_mean": 450.0,
+        "env_runners/num_env_steps_sampled_lifetime": 200,
+        "training_iteration": 200,
+    }
+    params = json.loads((run_dir / "params.json").read_text())
+    assert params["env"] == "Pendulum-v1" and params["model_config"]["fcnet_hiddens"] == [6]
+
+    # The W&B offline run: its id and project, the config, and one history row per result.
+    (run_file,) = run_dir.glob(f"wandb/offline-run-*/run-{record['wandb_id']}.wandb")
+    history, run_record = [], None
+    for rec in wandb_records(run_file):
+        kind = rec.WhichOneof("record_type")
+        if kind == "history":
+            # wandb-core stores a key in `nested_key` (one element: the slash key) or `key`.
+            history.append(
+                {
+                    i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                    for i in rec.history.item
+                }
+            )
+        elif kind == "run":
+            run_record = rec.run
+    assert run_record.run_id == record["wandb_id"] and run_record.project == "proj"
+    config = {
+        i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in run_record.config.update
+    }
+    assert config["lr"] == params["lr"] and config["env"] == "Pendulum-v1"
+    assert config["model_config"]["fcnet_hiddens"] == [6]
+    assert len(history) == len(lines)
+    for row, result in zip(history, lines, strict=True):
+        for key in (
+            "num_env_steps_sampled_lifetime",
+            "env_runners/num_env_steps_sampled_lifetime",
+            "training_iteration",
+            "learners/default_policy/total_loss",
+        ):
+            assert row[key] == pytest.approx(metrics.lookup(result, key)), key
+        assert not any(k.startswith("config/") for k in row)  # the config is not a scalar

@@ -1,0 +1,508 @@
+"""RLlib 2.60 builder keywords that impala_jax does not offer, and RLlib's deprecated spellings.
+
+Every keyword one of RLlib's ``AlgorithmConfig`` / ``IMPALAConfig`` builder methods accepts is
+accepted by the builder of the same name here (``tests/test_rllib_builders.py`` compares the
+signatures). A keyword impala_jax implements is an explicit keyword of the builder in
+``config.py``; the rest arrive as ``**rllib_kwargs`` and are sorted out by `route`:
+
+- ``UNSUPPORTED``: a feature impala_jax does not have (multi-agent, offline data, connectors,
+  torch/tf settings, Ray resources, ...). RLlib's default value (what a fresh RLlib config holds)
+  is accepted and changes nothing; any other value is a `NotImplementedError` naming the feature.
+- ``DEPRECATED``: RLlib's deprecated spellings, treated as RLlib 2.60 treats them: those RLlib
+  still honours (with a warning) set the new field and warn with a `DeprecationWarning`; those
+  RLlib rejects are a `ValueError` naming the new spelling.
+- anything else is a `TypeError`, as an unknown keyword of any Python function.
+
+`NotProvided` (the builders' "not given") lives here too, as the mixin's builders need it.
+No JAX and no ray here: the config imports this module.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import warnings
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+
+class _NotProvidedType:
+    """The type of `NotProvided`: "this keyword was not given", distinct from None."""
+
+    _instance: _NotProvidedType | None = None
+
+    def __new__(cls) -> _NotProvidedType:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NotProvided"
+
+    def __reduce__(self) -> str:
+        return "NotProvided"  # pickles as the module-level singleton
+
+    def __copy__(self) -> _NotProvidedType:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> _NotProvidedType:
+        return self
+
+
+NotProvided = _NotProvidedType()
+
+
+# RLlib's default is an object of RLlib's own (a class, a function, a PolicySpec dict, ...):
+# None is accepted in its place.
+RLLIB_OBJECT = object()
+
+
+def _feature(reason: str, **defaults: Any) -> dict[str, tuple[Any, str]]:
+    return {name: (default, reason) for name, default in defaults.items()}
+
+
+_CONNECTORS = "ConnectorV2 pipelines are not offered: runners feed the network directly"
+_RAY = "Ray resources and actors have no meaning here: impala_jax is one process"
+_STATE = "env-runner state (connector states, filter statistics) is not offered"
+_OLD_STACK = "the old API stack is not offered"
+_OFFLINE_EVAL = "offline evaluation is not offered"
+_TORCH_TF = "torch/tf settings have no meaning: impala_jax always runs JAX (XLA-compiled)"
+
+UNSUPPORTED: dict[str, dict[str, tuple[Any, str]]] = {
+    "env_runners": {
+        **_feature(
+            "no local Ray EnvRunner exists (num_env_runners=0 samples in the main thread)",
+            create_local_env_runner=True,
+            create_env_on_local_worker=False,
+        ),
+        **_feature(_RAY, custom_resources_per_env_runner={}),
+        **_feature(
+            "runner threads are checked at build", validate_env_runners_after_construction=True
+        ),
+        **_feature(
+            _CONNECTORS,
+            env_to_module_connector=None,
+            module_to_env_connector=None,
+            add_default_connectors_to_env_to_module_pipeline=True,
+            add_default_connectors_to_module_to_env_pipeline=True,
+            episode_lookback_horizon=1,
+            episodes_to_numpy=True,
+        ),
+        **_feature(
+            _STATE,
+            merge_env_runner_states="training_only",
+            broadcast_env_runner_states=True,
+            use_env_runner_state_server=True,
+            env_runner_state_server_max_concurrency=16,
+            use_worker_filter_stats=True,
+            update_worker_filter_stats=True,
+        ),
+        **_feature(
+            _OLD_STACK,
+            exploration_config={},
+            sample_collector=RLLIB_OBJECT,
+            remote_worker_envs=False,
+            remote_env_batch_wait_ms=0,
+            preprocessor_pref="deepmind",
+            enable_tf1_exec_eagerly=False,
+            sampler_perf_stats_ema_coef=None,
+        ),
+    },
+    "evaluation": {
+        **_feature(
+            "evaluation_duration='auto' is not offered",
+            evaluation_auto_duration_min_env_steps_per_sample=100,
+            evaluation_auto_duration_max_env_steps_per_sample=2000,
+        ),
+        **_feature(
+            "evaluation runner health handling is not offered",
+            evaluation_unhealthy_workers_timeout_s=0.0,
+            evaluation_error_after_n_consecutive_skips=None,
+        ),
+        **_feature(
+            _OFFLINE_EVAL,
+            off_policy_estimation_methods={},
+            ope_split_batch_by_episode=True,
+            offline_evaluation_interval=None,
+            num_offline_eval_runners=0,
+            offline_evaluation_type="eval_loss",
+            offline_eval_runner_class=None,
+            offline_loss_for_module_fn=None,
+            offline_eval_batch_size_per_runner=256,
+            dataset_num_iters_per_offline_eval_runner=1,
+            offline_eval_rl_module_inference_only=False,
+            num_cpus_per_offline_eval_runner=1,
+            num_gpus_per_offline_eval_runner=0,
+            custom_resources_per_offline_eval_runner={},
+            offline_evaluation_timeout_s=120.0,
+            max_requests_in_flight_per_offline_eval_runner=1,
+            broadcast_offline_eval_runner_states=False,
+            validate_offline_eval_runners_after_construction=True,
+            restart_failed_offline_eval_runners=True,
+            ignore_offline_eval_runner_failures=False,
+            max_num_offline_eval_runner_restarts=1000,
+            offline_eval_runner_health_probe_timeout_s=30.0,
+            offline_eval_runner_restore_timeout_s=1800.0,
+        ),
+    },
+    "learners": {
+        **_feature(_RAY, custom_resources_per_learner={}, max_requests_in_flight_per_learner=3),
+        **_feature(
+            _CONNECTORS, learner_connector=None, add_default_connectors_to_learner_pipeline=True
+        ),
+        **_feature("custom Learner settings are not offered", learner_config_dict={}),
+    },
+    "training": {
+        **_feature(
+            "the old API stack's model and optimizer dicts are not offered; use "
+            "rl_module(model_config=...) and training(lr=..., opt_type=...)",
+            model=RLLIB_OBJECT,
+            optimizer={},
+        ),
+        **_feature(
+            _CONNECTORS, learner_connector=None, add_default_connectors_to_learner_pipeline=True
+        ),
+        **_feature("custom Learner settings are not offered", learner_config_dict={}),
+    },
+    "reporting": _feature(
+        "custom per-episode metrics are not offered",
+        keep_per_episode_custom_metrics=False,
+        metrics_episode_collection_timeout_s=60.0,
+        custom_stats_cls_lookup=RLLIB_OBJECT,
+    ),
+    "resources": {
+        **_feature(_RAY, custom_resources_for_main_process={}),
+        **_feature(
+            "fake GPUs are not offered; to try several learner devices on a CPU, start Python "
+            "with XLA_FLAGS=--xla_force_host_platform_device_count=N",
+            _fake_gpus=False,
+        ),
+    },
+    "rl_module": _feature(
+        "custom RLModules are not offered; describe the network with rl_module(model_config=...)",
+        rl_module_spec=None,
+        algorithm_config_overrides_per_module={},
+    ),
+    "framework": _feature(
+        _TORCH_TF,
+        eager_tracing=True,
+        eager_max_retraces=20,
+        tf_session_args=RLLIB_OBJECT,
+        local_tf_session_args=RLLIB_OBJECT,
+        torch_compile_learner=False,
+        torch_compile_learner_what_to_compile="forward_train",
+        torch_compile_learner_dynamo_mode=None,
+        torch_compile_learner_dynamo_backend="inductor",
+        torch_compile_worker=False,
+        torch_compile_worker_dynamo_backend="onnxrt",
+        torch_compile_worker_dynamo_mode=None,
+        torch_ddp_kwargs={},
+        torch_skip_nan_gradients=False,
+    ),
+    "multi_agent": _feature(
+        "multi-agent training is not offered: impala_jax trains one policy",
+        policies=RLLIB_OBJECT,
+        policy_map_capacity=100,
+        policy_mapping_fn=RLLIB_OBJECT,
+        policies_to_train=None,
+        policy_states_are_swappable=False,
+        observation_fn=None,
+        count_steps_by="env_steps",
+    ),
+    "offline_data": _feature(
+        "offline RL (reading or writing recorded experiences) is not offered",
+        input_="sampler",
+        offline_data_class=None,
+        input_read_method="read_parquet",
+        input_read_method_kwargs={},
+        input_read_schema={},
+        input_read_episodes=False,
+        input_read_sample_batches=False,
+        input_read_batch_size=None,
+        input_filesystem=None,
+        input_filesystem_kwargs={},
+        input_compress_columns=["obs", "new_obs"],
+        materialize_data=False,
+        materialize_mapped_data=True,
+        map_batches_kwargs={},
+        iter_batches_kwargs={},
+        ignore_final_observation=False,
+        prelearner_class=None,
+        prelearner_buffer_class=None,
+        prelearner_buffer_kwargs={},
+        prelearner_module_synch_period=10,
+        prelearner_use_recorded_module_states=False,
+        dataset_num_iters_per_learner=None,
+        input_config={},
+        actions_in_input_normalized=False,
+        postprocess_inputs=False,
+        shuffle_buffer_size=0,
+        output=None,
+        output_config={},
+        output_compress_columns=["obs", "new_obs"],
+        output_max_file_size=64 * 1024 * 1024,
+        output_max_rows_per_file=None,
+        output_write_remaining_data=False,
+        output_write_method="write_parquet",
+        output_write_method_kwargs={},
+        output_filesystem=None,
+        output_filesystem_kwargs={},
+        output_write_episodes=True,
+        offline_sampling=False,
+    ),
+    "python_environment": _feature(
+        "per-process environment variables are not offered (one process); set them before "
+        "starting Python",
+        extra_python_environs_for_driver={},
+        extra_python_environs_for_worker={},
+    ),
+    "experimental": {
+        **_feature("impala_jax always validates the config", _validate_config=True),
+        **_feature(
+            "checkpoints are always orbax arrays plus JSON (never pickles)",
+            _use_msgpack_checkpoints=False,
+        ),
+        **_feature(
+            _TORCH_TF,
+            _torch_grad_scaler_class=None,
+            _torch_lr_scheduler_classes=None,
+            _tf_policy_handles_more_than_one_loss=True,
+        ),
+        **_feature(
+            _OLD_STACK,
+            _disable_preprocessor_api=False,
+            _disable_action_flattening=False,
+            _disable_initialize_loss_from_dummy_batch=False,
+        ),
+    },
+}
+
+
+class DeprecatedKeyword(NamedTuple):
+    new: str  # RLlib's new spelling, "builder(keyword=..)"
+    target: str | None  # the field it sets when RLlib still honours it; None: RLlib raises
+    honoured: bool = True  # False: RLlib 2.60 raises ValueError (error=True)
+
+
+def _moved(new: str, target: str | None = None) -> DeprecatedKeyword:
+    return DeprecatedKeyword(new, target, target is not None)
+
+
+_FT = "fault_tolerance"
+DEPRECATED: dict[str, dict[str, DeprecatedKeyword]] = {
+    "environment": {"env_task_fn": _moved("a callback (env task functions were removed)")},
+    "env_runners": {
+        "enable_connectors": DeprecatedKeyword("nothing (connectors are always on)", None),
+        "num_rollout_workers": _moved("env_runners(num_env_runners=..)"),
+        "num_envs_per_worker": _moved("env_runners(num_envs_per_env_runner=..)"),
+        "validate_workers_after_construction": _moved(
+            "env_runners(validate_env_runners_after_construction=..)"
+        ),
+        "synchronize_filter": _moved("env_runners(update_worker_filter_stats=..)"),
+        "ignore_worker_failures": _moved(f"{_FT}(ignore_env_runner_failures=..)"),
+        "recreate_failed_workers": _moved(f"{_FT}(restart_failed_env_runners=..)"),
+        "restart_failed_sub_environments": _moved(f"{_FT}(restart_failed_sub_environments=..)"),
+        "num_consecutive_worker_failures_tolerance": _moved(
+            f"{_FT}(num_consecutive_env_runner_failures_tolerance=..)"
+        ),
+        "worker_health_probe_timeout_s": _moved(f"{_FT}(env_runner_health_probe_timeout_s=..)"),
+        "worker_restore_timeout_s": _moved(f"{_FT}(env_runner_restore_timeout_s=..)"),
+    },
+    "evaluation": {
+        "always_attach_evaluation_results": _moved("nothing (results are always attached)"),
+        "evaluation_num_workers": _moved(
+            "evaluation(evaluation_num_env_runners=..)", "evaluation_num_env_runners"
+        ),
+    },
+    "fault_tolerance": {
+        "recreate_failed_env_runners": _moved(f"{_FT}(restart_failed_env_runners=..)"),
+        "ignore_worker_failures": _moved(f"{_FT}(ignore_env_runner_failures=..)"),
+        "recreate_failed_workers": _moved(f"{_FT}(restart_failed_env_runners=..)"),
+        "max_num_worker_restarts": _moved(f"{_FT}(max_num_env_runner_restarts=..)"),
+        "delay_between_worker_restarts_s": _moved(f"{_FT}(delay_between_env_runner_restarts_s=..)"),
+        "num_consecutive_worker_failures_tolerance": _moved(
+            f"{_FT}(num_consecutive_env_runner_failures_tolerance=..)"
+        ),
+        "worker_health_probe_timeout_s": _moved(f"{_FT}(env_runner_health_probe_timeout_s=..)"),
+        "worker_restore_timeout_s": _moved(f"{_FT}(env_runner_restore_timeout_s=..)"),
+    },
+    "multi_agent": {
+        "algorithm_config_overrides_per_module": _moved(
+            "rl_module(algorithm_config_overrides_per_module=..)"
+        ),
+        "replay_mode": _moved("nothing (removed with the old stack)"),
+        "policy_map_cache": _moved("nothing (removed with the old stack)"),
+    },
+    "resources": {
+        "num_cpus_per_worker": _moved(
+            "env_runners(num_cpus_per_env_runner=..)", "num_cpus_per_env_runner"
+        ),
+        "num_gpus_per_worker": _moved(
+            "env_runners(num_gpus_per_env_runner=..)", "num_gpus_per_env_runner"
+        ),
+        "custom_resources_per_worker": _moved("env_runners(custom_resources_per_env_runner=..)"),
+        "num_learner_workers": _moved("learners(num_learners=..)", "num_learners"),
+        "num_cpus_per_learner_worker": _moved(
+            "learners(num_cpus_per_learner=..)", "num_cpus_per_learner"
+        ),
+        "num_gpus_per_learner_worker": _moved(
+            "learners(num_gpus_per_learner=..)", "num_gpus_per_learner"
+        ),
+        "local_gpu_idx": _moved("learners(local_gpu_idx=..)", "local_gpu_idx"),
+        "num_cpus_for_local_worker": _moved(
+            "resources(num_cpus_for_main_process=..)", "num_cpus_for_main_process"
+        ),
+    },
+    "rl_module": {
+        "model_config_dict": _moved("rl_module(model_config=..)", "model_config"),
+        "_enable_rl_module_api": _moved("api_stack(enable_rl_module_and_learner=..)"),
+    },
+    "training": {
+        "num_aggregator_actors_per_learner": _moved(
+            "learners(num_aggregator_actors_per_learner=..)", "num_aggregator_actors_per_learner"
+        ),
+        "max_requests_in_flight_per_aggregator_actor": _moved(
+            "learners(max_requests_in_flight_per_aggregator_actor=..)",
+            "max_requests_in_flight_per_aggregator_actor",
+        ),
+        "num_sgd_iter": _moved("training(num_epochs=..)", "num_epochs"),
+        "max_requests_in_flight_per_sampler_worker": _moved(
+            "env_runners(max_requests_in_flight_per_env_runner=..)",
+            "max_requests_in_flight_per_env_runner",
+        ),
+    },
+}
+# RLlib's value for "not given" of a deprecated keyword (its DEPRECATED_VALUE).
+DEPRECATED_VALUE = -1
+
+
+def is_rllib_default(value: Any, default: Any) -> bool:
+    """True when `value` is RLlib's fresh value for the keyword (or None for an RLlib object)."""
+    if default is RLLIB_OBJECT:
+        return value is None
+    try:
+        return bool(value == default)
+    except Exception:  # e.g. an array compared elementwise
+        return False
+
+
+def route(builder: str, kwargs: Mapping[str, Any], known: list[str]) -> dict[str, Any]:
+    """The fields to set for RLlib-only keywords given to `builder`, after checking each.
+
+    `known` are the builder's own keywords (for the TypeError's suggestion). RLlib defaults of
+    unsupported keywords set nothing; deprecated spellings RLlib still honours map onto their
+    field (with a DeprecationWarning); everything else raises.
+    """
+    fields: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if name in UNSUPPORTED.get(builder, {}):
+            default, reason = UNSUPPORTED[builder][name]
+            if not is_rllib_default(value, default):
+                shown = "None" if default is RLLIB_OBJECT else repr(default)
+                raise NotImplementedError(
+                    f"{builder}({name}={value!r}): {reason}. impala_jax accepts only RLlib's "
+                    f"default ({shown}) here; see docs/config.md, 'RLlib keywords not offered'."
+                )
+        elif name in DEPRECATED.get(builder, {}):
+            old = DEPRECATED[builder][name]
+            if value == DEPRECATED_VALUE:
+                continue
+            if not old.honoured:
+                raise ValueError(
+                    f"{builder}({name}=..) is deprecated (RLlib 2.60 rejects it too); use "
+                    f"{old.new} instead."
+                )
+            warnings.warn(
+                f"{builder}({name}=..) is deprecated; use {old.new} instead.",
+                DeprecationWarning,
+                stacklevel=4,
+            )
+            if old.target is not None:
+                fields[old.target] = value
+        else:
+            close = difflib.get_close_matches(name, known, n=3)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise TypeError(f"{builder}() got an unexpected keyword argument {name!r}{hint}")
+    return fields
+
+
+def raise_deprecated_builder(name: str) -> None:
+    """RLlib 2.60's `rollouts()` and `exploration()`: removed, as there."""
+    raise ValueError(
+        f"AlgorithmConfig.{name}(..) is deprecated (RLlib 2.60 rejects it too); use "
+        f".env_runners(..) instead."
+    )
+
+
+_LOG = logging.getLogger("impala_jax")
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """Logs `message` at INFO the first time only (RLlib's scripts call framework() per run)."""
+    if message not in _SAID:
+        _SAID.add(message)
+        _LOG.info(message)
+
+
+class RLlibBuilders:
+    """RLlib's builder methods that are about RLlib itself (mixed into `IMPALAConfig`).
+
+    `resources`, `api_stack` and `framework` set fields (see docs/config.md); the rest are
+    features impala_jax does not offer. Each takes RLlib 2.60's keywords: RLlib's defaults are
+    accepted and change nothing, anything else raises (see `route`), so ``config.multi_agent()``
+    or ``.offline_data(output=None)`` in an RLlib script is harmless and a real multi-agent or
+    offline setting is a clear error.
+    """
+
+    def resources(
+        self,
+        *,
+        num_cpus_for_main_process=NotProvided,
+        num_gpus=NotProvided,
+        placement_strategy=NotProvided,
+        **rllib_kwargs: Any,
+    ) -> Any:
+        """Accepted for RLlib compatibility; impala_jax runs in one process."""
+        return self._set(locals(), "resources")
+
+    def api_stack(
+        self,
+        enable_rl_module_and_learner=NotProvided,
+        enable_env_runner_and_connector_v2=NotProvided,
+    ) -> Any:
+        """RLlib's API stack switches: impala_jax is the new stack only, so only True is valid."""
+        return self._set(locals(), "api_stack")
+
+    def framework(self, framework=NotProvided, **rllib_kwargs: Any) -> Any:
+        """RLlib's deep-learning framework: recorded, but impala_jax always runs JAX."""
+        if framework is not NotProvided and framework != "jax":
+            _say_once(
+                f"framework={framework!r} is recorded for RLlib compatibility; impala_jax always "
+                "runs JAX (jax.jit on JAX's default backend: the GPU when present, else the CPU)."
+            )
+        return self._set(locals(), "framework")
+
+    def multi_agent(self, **rllib_kwargs: Any) -> Any:
+        """RLlib's multi-agent settings: not offered (impala_jax trains one policy)."""
+        return self._set({"rllib_kwargs": rllib_kwargs}, "multi_agent")
+
+    def offline_data(self, **rllib_kwargs: Any) -> Any:
+        """RLlib's offline input/output settings: not offered."""
+        return self._set({"rllib_kwargs": rllib_kwargs}, "offline_data")
+
+    def python_environment(self, **rllib_kwargs: Any) -> Any:
+        """RLlib's per-process environment variables: not offered (one process)."""
+        return self._set({"rllib_kwargs": rllib_kwargs}, "python_environment")
+
+    def experimental(self, **rllib_kwargs: Any) -> Any:
+        """RLlib's experimental switches: only their defaults are accepted."""
+        return self._set({"rllib_kwargs": rllib_kwargs}, "experimental")
+
+    def rollouts(self, *args: Any, **kwargs: Any) -> Any:
+        """Removed in RLlib (an error there too): use ``env_runners(..)``."""
+        raise_deprecated_builder("rollouts")
+
+    def exploration(self, *args: Any, **kwargs: Any) -> Any:
+        """Removed in RLlib (an error there too): use ``env_runners(explore=..)``."""
+        raise_deprecated_builder("exploration")

@@ -1,0 +1,213 @@
+"""evaluate(): RLlib 2.60's duration, split, timeout, parallel and custom-function semantics."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from impala_jax.evaluation import EVAL_SEED_OFFSET, Evaluator, split_duration
+from tests.test_algorithm import small_config
+
+# (is_evaluation_env, time.monotonic()) of every step of every ClockEnv, for the overlap test.
+STEPS: list[tuple[bool, float]] = []
+
+
+class ClockEnv(gym.Env):
+    """Episodes of ``length`` steps (0 = never ending); an evaluation copy (seeded from
+    EVAL_SEED_OFFSET on) records its steps, and sleeps ``eval_hang_s`` in each if set."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, config=None):
+        config = dict(config or {})
+        self.length = config.get("length", 5)
+        self.eval_hang_s = config.get("eval_hang_s", 0.0)
+        self.is_eval = None
+        self._t = 0
+
+    def reset(self, *, seed=None, options=None):
+        if self.is_eval is None and seed is not None:
+            self.is_eval = seed >= EVAL_SEED_OFFSET
+        self._t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self._t += 1
+        STEPS.append((bool(self.is_eval), time.monotonic()))
+        if self.is_eval and self.eval_hang_s:
+            time.sleep(self.eval_hang_s)
+        done = self.length > 0 and self._t >= self.length
+        return np.zeros(2, np.float32), 1.0, done, False, {}
+
+
+def clock_config(**env_config):
+    return small_config(ClockEnv, rollout_fragment_length=4).environment(env_config=env_config)
+
+
+def test_split_follows_rllib():
+    # RLlib: runner i (1-based) gets d // n + (i <= d % n).
+    assert split_duration(10, 3) == [4, 3, 3]
+    assert split_duration(2, 3) == [1, 1, 0]
+    assert sum(split_duration(17, 4)) == 17
+
+
+@pytest.fixture(scope="module")
+def clock_algo():
+    """One built algorithm whose compiled policy the Evaluator tests share (obs (2,), 2 actions)."""
+    with clock_config(length=5).build() as algo:
+        yield algo
+
+
+def evaluator(algo, env_config=None, num_envs=4, **evaluation):
+    """An Evaluator for a variant of ``algo``'s config, acting with ``algo``'s policy."""
+    config = algo.config.copy(copy_frozen=False).evaluation(**evaluation)
+    config.env_runners(num_envs_per_env_runner=num_envs)
+    if env_config is not None:
+        config.environment(env_config=env_config)
+    config.validate()
+    return Evaluator(config.freeze(), algo._act, algo._act_greedy, algo.param_store, seed=1)
+
+
+@pytest.mark.timeout(120)
+def test_exactly_duration_episodes_and_lifetime_counts(clock_algo):
+    # 2 evaluation runners x 4 envs finish 8 episodes on the same step: 10 asked, 10 counted.
+    ev = evaluator(clock_algo, evaluation_duration=10, evaluation_num_env_runners=2)
+    try:
+        first = ev.evaluate()["env_runners"]
+        second = ev.evaluate()["env_runners"]
+    finally:
+        ev.close()
+    assert first["num_episodes"] == second["num_episodes"] == 10
+    assert first["num_episodes_lifetime"] == 10
+    assert second["num_episodes_lifetime"] == 20
+    assert second["num_env_steps_sampled_lifetime"] == (
+        first["num_env_steps_sampled"] + second["num_env_steps_sampled"]
+    )
+
+
+@pytest.mark.timeout(120)
+def test_timesteps_and_force_reset(clock_algo):
+    # 1 env, episodes of 5 steps, 3 timesteps per evaluation: only continuing episodes across
+    # evaluations (force_reset=False) ever finish one.
+    for force_reset, expected in ((True, [0, 0]), (False, [0, 1])):
+        ev = evaluator(
+            clock_algo,
+            num_envs=1,
+            evaluation_duration=3,
+            evaluation_duration_unit="timesteps",
+            evaluation_force_reset_envs_before_iteration=force_reset,
+        )
+        try:
+            results = [ev.evaluate()["env_runners"] for _ in range(2)]
+        finally:
+            ev.close()
+        assert [r["num_episodes"] for r in results] == expected
+        assert [r["num_env_steps_sampled"] for r in results] == [3, 3]
+
+
+@pytest.mark.timeout(60)
+def test_timeout_returns_what_it_has_with_a_warning(clock_algo, caplog):
+    # Never-ending episodes: without the timeout, evaluate() would never return.
+    ev = evaluator(
+        clock_algo, {"length": 0}, evaluation_duration=2, evaluation_sample_timeout_s=0.5
+    )
+    try:
+        with caplog.at_level(logging.WARNING, "impala_jax"):
+            started = time.monotonic()
+            result = ev.evaluate()["env_runners"]
+            assert time.monotonic() - started < 10
+    finally:
+        ev.close()
+    assert result["num_episodes"] == 0
+    assert result["num_env_steps_sampled"] > 0
+    assert "evaluation_sample_timeout_s=0.5" in caplog.text
+
+
+@pytest.mark.timeout(60)
+def test_timeout_abandons_a_hung_env_step(clock_algo):
+    ev = evaluator(
+        clock_algo,
+        {"length": 3, "eval_hang_s": 4.0},
+        evaluation_duration=5,
+        evaluation_sample_timeout_s=0.3,
+    )
+    started = time.monotonic()
+    result = ev.evaluate()["env_runners"]
+    assert time.monotonic() - started < 3.0
+    assert result["num_episodes"] == 0
+    ev.close()  # does not wait for the abandoned thread
+    assert time.monotonic() - started < 3.5
+
+
+@pytest.mark.timeout(120)
+def test_parallel_auto_evaluates_while_training_and_as_long():
+    STEPS.clear()
+    config = clock_config(length=5).evaluation(
+        evaluation_interval=1,
+        evaluation_parallel_to_training=True,
+        evaluation_num_env_runners=1,
+        evaluation_duration="auto",
+    )
+    config.reporting(min_time_s_per_iteration=1.0)
+    with config.build() as algo:
+        algo.train()  # compiles; overlap is measured on the second iteration
+        STEPS.clear()
+        result = algo.train()
+    evaluation = result["evaluation"]["env_runners"]
+    assert evaluation["num_env_steps_sampled"] > 0 and evaluation["num_episodes"] > 0
+    train_t = [t for is_eval, t in STEPS if not is_eval]
+    eval_t = [t for is_eval, t in STEPS if is_eval]
+    # Interleaved: evaluation stepped before training's last step and training after
+    # evaluation's first; "auto" evaluates until training is done.
+    assert min(eval_t) < max(train_t) and max(train_t) > min(eval_t)
+    assert max(eval_t) >= max(train_t) - 0.1
+    assert max(eval_t) - min(eval_t) > 0.5
+
+
+@pytest.mark.timeout(120)
+def test_parallel_fixed_duration_and_evaluation_interval():
+    config = clock_config(length=5).evaluation(
+        evaluation_interval=2,
+        evaluation_parallel_to_training=True,
+        evaluation_num_env_runners=2,
+        evaluation_duration=6,
+    )
+    with config.build() as algo:
+        results = [algo.train() for _ in range(4)]
+    assert ["evaluation" in r for r in results] == [False, True, False, True]
+    assert [r["evaluation"]["env_runners"]["num_episodes"] for r in results[1::2]] == [6, 6]
+    assert results[3]["evaluation"]["env_runners"]["num_episodes_lifetime"] == 12
+
+
+@pytest.mark.timeout(120)
+def test_custom_evaluation_function_signature_and_return_value(clock_algo):
+    calls = []
+
+    def custom(algorithm, eval_workers):
+        calls.append((algorithm, eval_workers))
+        default = eval_workers.run(duration=2, unit="episodes")
+        steps = default["env_runners"]["num_env_steps_sampled"]
+        return {"my_score": 42.0, **default}, steps, steps
+
+    ev = evaluator(clock_algo, custom_evaluation_function=custom)
+    try:
+        result = ev.evaluate(clock_algo)
+    finally:
+        ev.close()
+    assert calls == [(clock_algo, ev)]
+    assert result["my_score"] == 42.0
+    assert result["env_runners"]["num_episodes"] == 2
+    assert ev.num_episodes_lifetime == 2
+    assert ev.num_env_steps_sampled_lifetime == result["env_runners"]["num_env_steps_sampled"]
+
+    bad = evaluator(clock_algo, custom_evaluation_function=lambda algo, workers: [1])
+    try:
+        with pytest.raises(ValueError, match="custom_evaluation_function"):
+            bad.evaluate(clock_algo)
+    finally:
+        bad.close()
