@@ -667,8 +667,14 @@ class _Validator:
 
         key("fcnet_hiddens", ints, "a list of positive ints")
         key("head_fcnet_hiddens", ints, "a list of positive ints (may be empty)")
+        key("post_fcnet_hiddens", ints, "a list of positive ints (may be empty)")
         key("impala_cnn_channels", lambda v: ints(v) and len(v) > 0, "a non-empty list of ints > 0")
-        for k in ("fcnet_activation", "conv_activation", "head_fcnet_activation"):
+        for k in (
+            "fcnet_activation",
+            "conv_activation",
+            "head_fcnet_activation",
+            "post_fcnet_activation",
+        ):
             key(
                 k,
                 lambda v: (v.lower() if isinstance(v, str) else v) in ACTIVATIONS,

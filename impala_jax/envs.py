@@ -227,6 +227,24 @@ def _envpool_ids() -> frozenset[str]:
     return frozenset(envpool.list_all_envs())
 
 
+def is_atari_id(env: Any) -> bool:
+    """Whether an env id names an Atari game (RLlib's ``is_atari`` for ids): ``ALE/`` and
+    ``ale_py:`` ids, and envpool's Atari ids (``"Pong-v5"``). Creators and classes are not
+    inspected (as in RLlib: ``environment(is_atari=True)`` says so for them)."""
+    if not isinstance(env, str):
+        return False
+    if env.startswith(("ALE/", "ale_py:")):
+        return True
+    if env in gym.registry:  # e.g. ale_py's legacy "PongNoFrameskip-v4"
+        return "ale_py" in str(gym.registry[env].entry_point)
+    env_id = env.removeprefix(ENVPOOL_PREFIX)
+    if env_id not in _envpool_ids():
+        return False
+    from envpool.registration import registry
+
+    return registry.specs[env_id][0] == "envpool.atari"
+
+
 # Gymnasium ids whose envpool env is the same env: equal spaces, equal dynamics (a state set
 # in gymnasium's env steps to envpool's next observation, or for the stochastic ones every
 # envpool transition is one of gymnasium's), equal time limits, and one meaning for every

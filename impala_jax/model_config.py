@@ -64,6 +64,10 @@ DEFAULT_MODEL_CONFIG: Mapping[str, Any] = types.MappingProxyType(
         "fusionnet_kernel_initializer_kwargs": None,
         "fusionnet_bias_initializer": None,
         "fusionnet_bias_initializer_kwargs": None,
+        # RLlib's old-stack ModelConfig keys, which its tuned examples still pass (Pong):
+        # dense layers after the encoder, shared by the policy and value heads.
+        "post_fcnet_hiddens": [],
+        "post_fcnet_activation": "relu",
         # impala_jax: "auto" = "mlp" for 1-D observations, "nature_cnn" for images.
         "encoder": "auto",
         # impala_jax: channels of the paper's deep ResNet ("impala_cnn"), one stack per entry.

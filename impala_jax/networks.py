@@ -236,6 +236,16 @@ class MLP(nn.Module):
         return x
 
 
+class PostLayers(nn.Module):
+    """An encoder followed by RLlib's old-stack ``post_fcnet_hiddens`` dense layers."""
+
+    encoder: nn.Module
+    post: nn.Module
+
+    def __call__(self, x):
+        return self.post(self.encoder(x))
+
+
 class NatureCNN(nn.Module):
     """Mnih et al. 2015: convs, flatten, dense 512; input NHWC float.
 
@@ -434,6 +444,19 @@ def _inits(config: Mapping[str, Any], prefix: str, head: bool = False) -> Inits:
 
 
 def _make_encoder(name: str, config: Mapping[str, Any]) -> nn.Module:
+    encoder = _make_base_encoder(name, config)
+    if not config["post_fcnet_hiddens"]:
+        return encoder
+    post = MLP(
+        tuple(config["post_fcnet_hiddens"]),
+        _activation(config["post_fcnet_activation"], "post_fcnet_activation"),
+        False,
+        _inits(config, "fcnet"),
+    )
+    return PostLayers(encoder, post)
+
+
+def _make_base_encoder(name: str, config: Mapping[str, Any]) -> nn.Module:
     if name == "mlp":
         return MLP(
             tuple(config["fcnet_hiddens"]),

@@ -70,5 +70,11 @@ def step_spec(config, num_devices: int) -> StepSpec:
 
 def clip_rewards(config):
     if config.clip_rewards is None:
-        return True if config.is_atari else None  # RLlib clips Atari rewards by default
+        # RLlib clips Atari rewards by default; is_atari=None: detected from the env id.
+        is_atari = config.is_atari
+        if is_atari is None:
+            from impala_jax.envs import is_atari_id
+
+            is_atari = is_atari_id(config.env)
+        return True if is_atari else None
     return config.clip_rewards

@@ -153,8 +153,14 @@ DIFFERENCES = {
     ("rl_module", "model_config"): dict(DEFAULT_MODEL_CONFIG),
 }
 
-# impala_jax's own model_config keys (not in RLlib's DefaultModelConfig).
-EXTRA_MODEL_KEYS = {"encoder": "auto", "impala_cnn_channels": [16, 32, 32]}
+# impala_jax's own model_config keys and the old-stack keys RLlib's tuned examples still pass
+# (not in RLlib's DefaultModelConfig).
+EXTRA_MODEL_KEYS = {
+    "encoder": "auto",
+    "impala_cnn_channels": [16, 32, 32],
+    "post_fcnet_hiddens": [],
+    "post_fcnet_activation": "relu",
+}
 
 
 def _parse_value(text: str):

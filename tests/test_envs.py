@@ -347,38 +347,46 @@ def test_rllib_tuned_pong_example_builds_and_trains():
     register_env("env", _env_creator)
     config = (
         IMPALAConfig()
+        # Enable new API stack and use EnvRunner.
+        .api_stack(
+            enable_rl_module_and_learner=True,
+            enable_env_runner_and_connector_v2=True,
+        )
         .environment(
             "env",
             env_config={
+                # Make analogous to old v4 + NoFrameskip.
                 "frameskip": 1,
                 "full_action_space": False,
                 "repeat_action_probability": 0.0,
             },
             clip_rewards=True,
         )
-        .env_runners(num_envs_per_env_runner=2, num_env_runners=0, rollout_fragment_length=10)
+        .env_runners(num_envs_per_env_runner=5)
         .training(
-            train_batch_size_per_learner=20,
+            train_batch_size_per_learner=500,
             grad_clip=40.0,
             grad_clip_by="global_norm",
-            lr=0.007,
+            lr=0.007 * ((None or 1) ** 0.5),  # args.num_gpus is None without arguments
             vf_loss_coeff=0.5,
-            entropy_coeff=0.008,
+            entropy_coeff=0.008,  # <- crucial parameter to finetune
+            # Only update connector states and model weights every n training_step calls.
             broadcast_interval=5,
         )
         .rl_module(
+            rl_module_spec=None,  # args.use_tiny_cnn is False
             model_config={
                 "vf_share_layers": True,
                 "conv_filters": [[16, 4, 2], [32, 4, 2], [64, 4, 2], [128, 4, 2]],
                 "conv_activation": "relu",
-                # The file's "post_fcnet_hiddens": [256] is left out: an old-stack key that
-                # RLlib 2.60's DefaultModelConfig does not have (and its new stack ignores).
-            }
+                "post_fcnet_hiddens": [256],
+            },
         )
-        .learners(num_learners=0)
-        .reporting(min_time_s_per_iteration=0)
-        .debugging(seed=0)
     )
+    # The test's sizes: one lockstep runner of 2 envs, short fragments, short iterations.
+    config.env_runners(num_envs_per_env_runner=2, num_env_runners=0, rollout_fragment_length=10)
+    config.training(train_batch_size_per_learner=20).learners(num_learners=0)
+    config.reporting(min_time_s_per_iteration=0).debugging(seed=0)
     with config.build() as algo:
         assert algo.observation_space == gym.spaces.Box(-1.0, 1.0, (64, 64, 4), np.float32)
         assert algo.action_space == gym.spaces.Discrete(6)
@@ -410,3 +418,26 @@ def test_checkpoints_of_lambda_and_registered_creators(tmp_path, registry):
     del registry["ckpt_env"]
     with pytest.raises(ValueError, match=r"'ckpt_env'.*register it again"):
         IMPALA.from_checkpoint(named_path)
+
+
+@pytest.mark.parametrize(
+    "env,atari",
+    [
+        ("ALE/Pong-v5", True),
+        ("ale_py:ALE/Breakout-v5", True),
+        ("Pong-v5", True),  # envpool's Atari
+        ("envpool:Breakout-v5", True),
+        ("CartPole-v1", False),
+        ("envpool:CartPole-v1", False),
+        ("HalfCheetah-v5", False),
+    ],
+)
+def test_is_atari_is_detected_from_the_id_and_clips_rewards(env, atari):
+    from impala_jax import IMPALAConfig, specs
+    from impala_jax.envs import is_atari_id
+
+    assert is_atari_id(env) is atari
+    config = IMPALAConfig().environment(env)
+    assert specs.clip_rewards(config) == (True if atari else None)
+    assert specs.clip_rewards(config.copy().environment(is_atari=False)) is None
+    assert specs.clip_rewards(config.copy().environment(clip_rewards=False)) is False

@@ -142,6 +142,19 @@ def test_head_hiddens():
     assert params["vf"]["MLP_0"]["Dense_0"]["kernel"].shape == (8, 5)
 
 
+def test_post_fcnet_hiddens_follow_the_encoder():
+    # RLlib's old-stack key (its tuned Pong example passes it): dense layers after the encoder.
+    nets = make_networks({"post_fcnet_hiddens": [6], "post_fcnet_activation": "tanh"}, *ATARI)
+    params, _, _ = _check_outputs(nets, _obs(ATARI[0], 2), 2, 6)
+    post = params["encoder"]["post"]["Dense_0"]["kernel"]
+    assert post.shape == (512, 6)  # after the Nature CNN's dense 512
+    assert params["pi"]["Dense_0"]["kernel"].shape[0] == 6
+    small = make_networks({**SMALL_MLP, "post_fcnet_hiddens": [3, 5]}, *CARTPOLE)
+    params, _, _ = _check_outputs(small, _obs(CARTPOLE[0], 2), 2, 2)
+    assert params["encoder"]["post"]["Dense_1"]["kernel"].shape == (3, 5)
+    assert params["vf"]["Dense_0"]["kernel"].shape[0] == 5
+
+
 def test_separate_value_encoder_does_not_touch_policy():
     nets = make_networks({**SMALL_MLP, "vf_share_layers": False}, *CARTPOLE)
     params = nets.init(jax.random.key(0))
