@@ -20,7 +20,7 @@ import numpy as np
 
 from impala_jax import checkpoint, parallel, specs
 from impala_jax.buffers import MinibatchBuffer
-from impala_jax.callbacks import Callbacks, MetricsLogger, deep_merge
+from impala_jax.callbacks import Callbacks
 from impala_jax.distributions import make_distribution
 from impala_jax.env_runner import make_act_fns
 from impala_jax.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
@@ -28,6 +28,7 @@ from impala_jax.envs import ActionAdapter, make_vec_env
 from impala_jax.evaluation import Evaluator
 from impala_jax.learner import Learner
 from impala_jax.metrics import EpisodeStats, SysUsage, Timers, merge_timers, trainable_info
+from impala_jax.metrics_logger import MetricsLogger, deep_merge
 from impala_jax.module import DEFAULT_MODULE_ID, Module
 from impala_jax.networks import make_networks
 from impala_jax.types import Trajectory

@@ -22,9 +22,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from impala_jax.callbacks import EpisodeCallbacks, MetricsLogger
+from impala_jax.callbacks import EpisodeCallbacks
 from impala_jax.envs import ActionAdapter, VecEnv, make_vec_env
 from impala_jax.metrics import Timers
+from impala_jax.metrics_logger import MetricsLogger
 from impala_jax.types import Trajectory
 
 

@@ -19,9 +19,9 @@ import jax
 import numpy as np
 
 from impala_jax.buffers import Batcher, LearnerQueue, LearnerQueueTimeout, Loader, stack
-from impala_jax.callbacks import MetricsLogger
 from impala_jax.env_runner import EnvOutputError, EnvRunner, ParamStore, RunnerThread
 from impala_jax.metrics import Timers
+from impala_jax.metrics_logger import MetricsLogger
 
 
 class EnvRunnerFailure(RuntimeError):

@@ -34,10 +34,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from impala_jax.callbacks import EpisodeCallbacks, MetricsLogger, deep_merge
+from impala_jax.callbacks import EpisodeCallbacks
 from impala_jax.env_runner import ParamStore
 from impala_jax.envs import ActionAdapter, VecEnv, make_vec_env
 from impala_jax.metrics import EpisodeStats
+from impala_jax.metrics_logger import MetricsLogger, deep_merge
 
 logger = logging.getLogger(__name__)
 
