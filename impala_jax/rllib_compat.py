@@ -445,6 +445,234 @@ def _say_once(message: str) -> None:
         _LOG.info(message)
 
 
+# RLlib 2.60's old attribute names, read as the fields they became (with a DeprecationWarning,
+# as RLlib's deprecated properties do); ``callbacks_on_*`` are RLlib's names of the per-event
+# callables, which impala_jax keeps as ``on_*``.
+ATTRIBUTE_ALIASES: dict[str, str] = {
+    "callbacks_on_algorithm_init": "on_algorithm_init",
+    "callbacks_on_checkpoint_loaded": "on_checkpoint_loaded",
+    "callbacks_on_env_runners_recreated": "on_env_runners_recreated",
+    "callbacks_on_environment_created": "on_environment_created",
+    "callbacks_on_episode_created": "on_episode_created",
+    "callbacks_on_episode_end": "on_episode_end",
+    "callbacks_on_episode_start": "on_episode_start",
+    "callbacks_on_episode_step": "on_episode_step",
+    "callbacks_on_evaluate_end": "on_evaluate_end",
+    "callbacks_on_evaluate_offline_end": "on_evaluate_offline_end",
+    "callbacks_on_evaluate_offline_start": "on_evaluate_offline_start",
+    "callbacks_on_evaluate_start": "on_evaluate_start",
+    "callbacks_on_offline_eval_runners_recreated": "on_offline_eval_runners_recreated",
+    "callbacks_on_sample_end": "on_sample_end",
+    "callbacks_on_train_result": "on_train_result",
+    "delay_between_worker_restarts_s": "delay_between_env_runner_restarts_s",
+    "evaluation_num_workers": "evaluation_num_env_runners",
+    "ignore_worker_failures": "ignore_env_runner_failures",
+    "max_num_worker_restarts": "max_num_env_runner_restarts",
+    "metrics_smoothing_episodes": "metrics_num_episodes_for_smoothing",
+    "min_sample_timesteps_per_reporting": "min_sample_timesteps_per_iteration",
+    "min_time_s_per_reporting": "min_time_s_per_iteration",
+    "min_train_timesteps_per_reporting": "min_train_timesteps_per_iteration",
+    "num_consecutive_worker_failures_tolerance": "num_consecutive_env_runner_failures_tolerance",
+    "num_cpus_for_local_worker": "num_cpus_for_main_process",
+    "num_cpus_per_learner_worker": "num_cpus_per_learner",
+    "num_cpus_per_worker": "num_cpus_per_env_runner",
+    "num_envs_per_worker": "num_envs_per_env_runner",
+    "num_gpus_per_learner_worker": "num_gpus_per_learner",
+    "num_gpus_per_worker": "num_gpus_per_env_runner",
+    "num_learner_workers": "num_learners",
+    "num_rollout_workers": "num_env_runners",
+    "recreate_failed_env_runners": "restart_failed_env_runners",
+    "recreate_failed_workers": "restart_failed_env_runners",
+    "worker_health_probe_timeout_s": "env_runner_health_probe_timeout_s",
+    "worker_restore_timeout_s": "env_runner_restore_timeout_s",
+}
+
+# Every other public attribute and method of RLlib 2.60's IMPALAConfig that impala_jax does not
+# have (its old-stack, offline, multi-agent, connector, torch and Ray-actor machinery): reading
+# one is a clear error naming it, not a bare AttributeError. tests/test_rllib_builders.py checks
+# this list against ray's IMPALAConfig.
+RLLIB_ONLY_ATTRIBUTES: frozenset[str] = frozenset(
+    (
+        "DEFAULT_AGENT_TO_MODULE_MAPPING_FN",
+        "DEFAULT_POLICY_MAPPING_FN",
+        "actions_in_input_normalized",
+        "add_default_connectors_to_env_to_module_pipeline",
+        "add_default_connectors_to_learner_pipeline",
+        "add_default_connectors_to_module_to_env_pipeline",
+        "algorithm_config_overrides_per_module",
+        "always_attach_evaluation_results",
+        "auto_wrap_old_gym_envs",
+        "broadcast_env_runner_states",
+        "broadcast_offline_eval_runner_states",
+        "buffer_size",
+        "build_env_to_module_connector",
+        "build_learner",
+        "build_learner_connector",
+        "build_learner_group",
+        "build_module_to_env_connector",
+        "collect_metrics_timeout",
+        "count_steps_by",
+        "create_env_on_local_worker",
+        "create_local_env_runner",
+        "custom_async_evaluation_function",
+        "custom_resources_for_main_process",
+        "custom_resources_per_env_runner",
+        "custom_resources_per_learner",
+        "custom_resources_per_offline_eval_runner",
+        "custom_resources_per_worker",
+        "dataset_num_iters_per_eval_runner",
+        "dataset_num_iters_per_learner",
+        "eager_max_retraces",
+        "eager_tracing",
+        "enable_async_evaluation",
+        "enable_connectors",
+        "enable_tf1_exec_eagerly",
+        "env_runner_state_server_max_concurrency",
+        "env_task_fn",
+        "episode_lookback_horizon",
+        "episodes_to_numpy",
+        "evaluation_auto_duration_max_env_steps_per_sample",
+        "evaluation_auto_duration_min_env_steps_per_sample",
+        "evaluation_error_after_n_consecutive_skips",
+        "evaluation_num_episodes",
+        "evaluation_unhealthy_workers_timeout_s",
+        "exploration_config",
+        "extra_python_environs_for_driver",
+        "extra_python_environs_for_worker",
+        "from_state",
+        "get_config_for_module",
+        "get_evaluation_config_object",
+        "get_marl_module_spec",
+        "get_multi_agent_setup",
+        "get_multi_rl_module_spec",
+        "get_rl_module_spec",
+        "get_state",
+        "get_torch_compile_worker_config",
+        "ignore_final_observation",
+        "ignore_offline_eval_runner_failures",
+        "in_evaluation",
+        "input_",
+        "input_compress_columns",
+        "input_config",
+        "input_evaluation",
+        "input_filesystem",
+        "input_filesystem_kwargs",
+        "input_read_batch_size",
+        "input_read_episodes",
+        "input_read_method",
+        "input_read_method_kwargs",
+        "input_read_sample_batches",
+        "input_read_schema",
+        "input_spaces_jsonable",
+        "iter_batches_kwargs",
+        "keep_per_episode_custom_metrics",
+        "learner_config_dict",
+        "learning_starts",
+        "local_tf_session_args",
+        "map_batches_kwargs",
+        "materialize_data",
+        "materialize_mapped_data",
+        "max_num_offline_eval_runner_restarts",
+        "max_requests_in_flight_per_learner",
+        "max_requests_in_flight_per_offline_eval_runner",
+        "merge_env_runner_states",
+        "metrics_episode_collection_timeout_s",
+        "min_iter_time_s",
+        "model",
+        "monitor",
+        "num_cpus_per_offline_eval_runner",
+        "num_gpus_per_offline_eval_runner",
+        "num_offline_eval_runners",
+        "observation_fn",
+        "off_policy_estimation_methods",
+        "offline_data_class",
+        "offline_eval_batch_size_per_runner",
+        "offline_eval_rl_module_inference_only",
+        "offline_eval_runner_class",
+        "offline_eval_runner_health_probe_timeout_s",
+        "offline_eval_runner_restore_timeout_s",
+        "offline_evaluation_duration",
+        "offline_evaluation_interval",
+        "offline_evaluation_parallel_to_training",
+        "offline_evaluation_timeout_s",
+        "offline_evaluation_type",
+        "offline_loss_for_module_fn",
+        "offline_sampling",
+        "ope_split_batch_by_episode",
+        "optimizer",
+        "output",
+        "output_compress_columns",
+        "output_config",
+        "output_filesystem",
+        "output_filesystem_kwargs",
+        "output_max_file_size",
+        "output_max_rows_per_file",
+        "output_write_episodes",
+        "output_write_method",
+        "output_write_method_kwargs",
+        "output_write_remaining_data",
+        "overrides",
+        "policies",
+        "policies_to_train",
+        "policy_map_cache",
+        "policy_map_capacity",
+        "policy_mapping_fn",
+        "policy_states_are_swappable",
+        "pop",
+        "postprocess_inputs",
+        "prelearner_buffer_class",
+        "prelearner_buffer_kwargs",
+        "prelearner_class",
+        "prelearner_module_synch_period",
+        "prelearner_use_recorded_module_states",
+        "preprocessor_pref",
+        "prioritized_replay",
+        "prioritized_replay_alpha",
+        "prioritized_replay_beta",
+        "prioritized_replay_eps",
+        "remote_env_batch_wait_ms",
+        "remote_worker_envs",
+        "replay_batch_size",
+        "replay_mode",
+        "replay_sequence_length",
+        "restart_failed_offline_eval_runners",
+        "rl_module_spec",
+        "sample_collector",
+        "sampler_perf_stats_ema_coef",
+        "serialize",
+        "shuffle_buffer_size",
+        "simple_optimizer",
+        "stats_cls_lookup",
+        "sync_filters_on_rollout_workers_timeout_s",
+        "synchronize_filters",
+        "tf_session_args",
+        "timesteps_per_iteration",
+        "torch_compile_learner",
+        "torch_compile_learner_dynamo_backend",
+        "torch_compile_learner_dynamo_mode",
+        "torch_compile_learner_what_to_compile",
+        "torch_compile_worker",
+        "torch_compile_worker_dynamo_backend",
+        "torch_compile_worker_dynamo_mode",
+        "torch_ddp_kwargs",
+        "torch_skip_nan_gradients",
+        "update_worker_filter_stats",
+        "use_env_runner_state_server",
+        "use_worker_filter_stats",
+        "validate_env_runners_after_construction",
+        "validate_offline_eval_runners_after_construction",
+        "validate_train_batch_size_vs_rollout_fragment_length",
+        "validate_workers_after_construction",
+        "worker_cls",
+    )
+)
+
+
+class NotOffered(AttributeError, NotImplementedError):
+    """An RLlib config attribute impala_jax does not offer; an AttributeError, so ``hasattr``
+    and ``getattr(config, name, default)`` behave as for any missing attribute."""
+
+
 class RLlibBuilders:
     """RLlib's builder methods that are about RLlib itself (mixed into `IMPALAConfig`).
 
@@ -454,6 +682,53 @@ class RLlibBuilders:
     or ``.offline_data(output=None)`` in an RLlib script is harmless and a real multi-agent or
     offline setting is a clear error.
     """
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the config does not have.
+        if name in ATTRIBUTE_ALIASES:
+            new = ATTRIBUTE_ALIASES[name]
+            warnings.warn(
+                f"config.{name} is RLlib's old name; use config.{new}", DeprecationWarning, 2
+            )
+            return getattr(self, new)
+        if name in RLLIB_ONLY_ATTRIBUTES:
+            raise NotOffered(
+                f"IMPALAConfig.{name} is part of RLlib's AlgorithmConfig that impala_jax does not "
+                "offer (impala_jax is one single-agent, online process without RLlib's "
+                "connectors, offline data or Ray actors); see docs/config.md, 'Differences from "
+                "RLlib'."
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    # RLlib's dict shims ("pretend we are a dict"), over to_dict().
+    def get(self, key: str, default: Any = None) -> Any:
+        key = ATTRIBUTE_ALIASES.get(key, key)
+        return self.to_dict().get(key, default)
+
+    def keys(self):
+        return self.to_dict().keys()
+
+    def items(self):
+        return self.to_dict().items()
+
+    def values(self):
+        return self.to_dict().values()
+
+    @property
+    def is_multi_agent(self) -> bool:
+        return False  # multi_agent() accepts only RLlib's single-agent defaults
+
+    @property
+    def is_online(self) -> bool:
+        return True
+
+    @property
+    def is_offline(self) -> bool:
+        return False
+
+    @property
+    def uses_new_env_runners(self) -> bool:
+        return True
 
     def resources(
         self,

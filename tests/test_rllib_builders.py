@@ -285,3 +285,41 @@ def test_default_model_config_builds_and_trains_one_iteration():
         assert params["encoder"]["Dense_0"]["kernel"].shape[-1] == 256  # RLlib's [256, 256]
         result = algo.train()
     assert result["training_iteration"] == 1
+
+
+# --- RLlib's other config attributes ----------------------------------------------------------
+
+
+def test_every_rllib_attribute_exists_or_is_a_clear_error():
+    from impala_jax.rllib_compat import ATTRIBUTE_ALIASES, RLLIB_ONLY_ATTRIBUTES, NotOffered
+
+    ours, theirs = IMPALAConfig(), RLlibConfig()
+    names = sorted(n for n in dir(theirs) if not n.startswith("_"))
+    plain_missing = []
+    for name in names:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                getattr(ours, name)
+        except NotOffered as err:
+            assert name in RLLIB_ONLY_ATTRIBUTES and name in str(err)
+            assert isinstance(err, NotImplementedError)
+        except AttributeError:
+            plain_missing.append(name)
+    assert not plain_missing, plain_missing
+    assert not hasattr(ours, "policies")  # a NotOffered is an AttributeError for hasattr
+    # The list names nothing ray's config lacks, and no alias shadows a real field.
+    assert RLLIB_ONLY_ATTRIBUTES <= set(names)
+    assert not set(ATTRIBUTE_ALIASES) & set(dir(type(ours)))
+
+
+def test_old_attribute_names_and_dict_shims():
+    config = IMPALAConfig().env_runners(num_env_runners=3).training(lr=0.01)
+    with pytest.warns(DeprecationWarning, match="num_env_runners"):
+        assert config.num_rollout_workers == 3
+    assert config.get("lr") == 0.01 and config.get("no_such_key", 7) == 7
+    assert config.get("num_rollout_workers") == 3
+    assert dict(config.items()) == config.to_dict() and "gamma" in config.keys()
+    assert not config.is_multi_agent and config.is_online and not config.is_offline
+    theirs = RLlibConfig()
+    assert theirs.is_multi_agent is False and theirs.is_online is True
