@@ -209,26 +209,6 @@ def test_default_model_config_values_not_honoured_are_errors(fields, match):
 # --- builds and trains --------------------------------------------------------------------
 
 
-@pytest.mark.timeout(240)
-def test_first_docstring_example_runs_verbatim():
-    config = (
-        IMPALAConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=1)
-        .training(lr=0.0003, train_batch_size_per_learner=512)
-        .learners(num_learners=1)
-    )
-    algo = config.build()
-    result = algo.train()
-    learner = result["learners"]["default_policy"]
-    # 512 is rounded up to 11 whole fragments of 50 (as RLlib packs them): 550 per update.
-    assert learner["effective_train_batch_size_per_learner"] == 550
-    assert learner["effective_total_train_batch_size"] == 550
-    assert learner["num_updates_lifetime"] >= 1
-    assert result["num_env_steps_trained_lifetime"] == 550 * learner["num_updates_lifetime"]
-    del algo
-
-
 @pytest.mark.timeout(180)
 def test_rounding_counts_over_two_learner_devices():
     # conftest forces 2 CPU devices; 20 steps with fragments of 8 -> 3 fragments = 24 each.

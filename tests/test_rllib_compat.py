@@ -61,7 +61,12 @@ def test_docstring_example_runs_verbatim():
     result = algo.train()
     del algo
     check_train_results_new_api_stack(result)
-    # 512 steps are packed as whole fragments of 50: 11 fragments, 550 steps per update.
+    # 512 is rounded up to 11 whole fragments of 50 (as RLlib packs them): 550 per update.
+    learner = result[LEARNER_RESULTS][DEFAULT_POLICY_ID]
+    assert learner["effective_train_batch_size_per_learner"] == 550
+    assert learner["effective_total_train_batch_size"] == 550
+    assert learner["num_updates_lifetime"] >= 1
+    assert result["num_env_steps_trained_lifetime"] == 550 * learner["num_updates_lifetime"]
     trained = result[LEARNER_RESULTS]["__all_modules__"]["num_env_steps_trained"]
     assert trained > 0 and trained % 550 == 0
 
