@@ -596,7 +596,7 @@ class _Validator:
                 "model_config", f"unknown key(s) {unknown}; valid: {sorted(DEFAULT_MODEL_CONFIG)}"
             )
             return
-        for field, expected, value in model_config_problems(mc, find_search_space):
+        for field, expected, value in model_config_problems(mc):
             self.fail(field, expected, value)
 
     def _evaluation(self) -> None:

@@ -131,7 +131,6 @@ class EnvRunner:
         # on_episode_start/_end; None without them, so stepping pays one `is None` per step.
         self.episode_callbacks = EpisodeCallbacks.make(config, self, self.metrics)
         self.env_steps = 0
-        self._config = config
         self._seed = seed
         self._check = not config.disable_env_checking
         self.num_env_restarts = 0
@@ -159,7 +158,7 @@ class EnvRunner:
         return [num_envs]
 
     def _make_envs(self, seed: int) -> None:
-        config = self._config
+        config = self.config
         offset = 0
         for size in self._sizes:
             # envpool seeds env i with seed + i: space the seeds so no two envs share one.

@@ -6,8 +6,7 @@ problems of ``validate()``. The defaults and names are in ``model_config``.
 
 from __future__ import annotations
 
-import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from impala_jax.model_config import (
@@ -21,19 +20,12 @@ from impala_jax.model_config import (
 )
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def model_config_problems(
-    mc: Mapping[str, Any], find_search_space: Callable[[Any], bool]
-) -> list[tuple[str, str, Any]]:
+def model_config_problems(mc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     """(field, what it expects, value) for every key of ``mc`` that breaks its rule; keys still
     holding a Tune search space are skipped (a trial resolves them)."""
+    # Here, not at import: config_checks imports this module.
+    from impala_jax.config_checks import _is_int, _is_real, find_search_space
+
     problems: list[tuple[str, str, Any]] = []
 
     def key(k: str, predicate: Any, expected: str) -> None:
@@ -85,7 +77,7 @@ def model_config_problems(
                 f"of {list(BIAS_INITIALIZERS if part == 'bias' else INITIALIZER_KWARGS)} "
                 "(torch's trailing '_' and tf's CamelCase also work)",
             )
-            problems.extend(_initializer_kwargs(mc, k, find_search_space))
+            problems.extend(_initializer_kwargs(mc, k))
     fusion = [k for k in DEFAULT_MODEL_CONFIG if k.startswith("fusionnet_")]
     for k in fusion:
         key(
@@ -130,10 +122,10 @@ def model_config_problems(
     return problems
 
 
-def _initializer_kwargs(
-    mc: Mapping[str, Any], name: str, find_search_space: Callable[[Any], bool]
-) -> list[tuple]:
+def _initializer_kwargs(mc: Mapping[str, Any], name: str) -> list[tuple]:
     """`<name>_kwargs`: None or a dict of the keywords the named initializer takes."""
+    from impala_jax.config_checks import find_search_space
+
     kwargs, init = mc.get(f"{name}_kwargs"), mc.get(name)
     if kwargs is None or find_search_space(kwargs) or find_search_space(init):
         return []
