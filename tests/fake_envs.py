@@ -71,16 +71,22 @@ class SlowEnv(gym.Env):
 
 
 class FlakyCartPole(gym.Wrapper):
-    """CartPole whose ``step`` raises with probability ``p`` (RLlib's fault-injection env)."""
+    """CartPole whose ``step`` raises with probability ``p`` (RLlib's fault-injection env).
+
+    The first step of each instance never fails: that is the build-time probe of a fresh env
+    (envs._probe), which checks the env's output; the faults are for sampling to survive.
+    """
 
     def __init__(self, config=None):
         config = dict(config or {})
         super().__init__(gym.make("CartPole-v1"))
         self.p = config.get("p", 0.001)
         self._rng = np.random.default_rng(config.get("seed", None))
+        self._stepped = False
 
     def step(self, action):
-        if self._rng.random() < self.p:
+        first, self._stepped = not self._stepped, True
+        if not first and self._rng.random() < self.p:
             raise RuntimeError("injected env failure")
         return self.env.step(action)
 
