@@ -1,8 +1,14 @@
 """impala_jax: IMPALA in JAX/Flax/optax behind Ray RLlib's IMPALAConfig."""
 
+from impala_jax import tune_hook
 from impala_jax.config import IMPALAConfig, NotProvided
 
 __all__ = ["IMPALA", "IMPALAConfig", "NotProvided", "register_env"]
+
+
+# Ray Tune's "IMPALA" is impala_jax's once ray.tune is imported, before or after this line;
+# ray itself is not imported here (tune_hook.py).
+tune_hook.install()
 
 
 def __getattr__(name: str):

@@ -232,13 +232,18 @@ SETTER_CHECKS = {
 }
 
 
-_TUNE = "takes effect once impala_jax sizes Ray Tune trials (coming); in one process"
 # Fields with no meaning in impala_jax (yet): field -> (the one accepted value, why).
 NOT_HERE: dict[str, tuple[Any, str]] = {
-    "num_gpus_per_env_runner": (0, f"{_TUNE}, the actors act on the first learner device"),
-    "num_cpus_per_learner": ("auto", f"{_TUNE}, the learner uses what the machine has"),
-    "num_cpus_for_main_process": (1, f"{_TUNE}, it uses what the machine has"),
-    "placement_strategy": ("PACK", f"{_TUNE}, there are no placement groups"),
+    "num_gpus_per_env_runner": (
+        0,
+        "the env runners act on the first learner device, whose GPU a Ray Tune trial already "
+        "asks for through learners(num_gpus_per_learner=...)",
+    ),
+    "placement_strategy": (
+        "PACK",
+        "a Ray Tune trial of impala_jax is one process, one placement-group bundle, so there "
+        "is nothing to pack or spread",
+    ),
     "compress_observations": (
         False,
         "fragments stay in memory as arrays (no Ray object store in between), so there is "

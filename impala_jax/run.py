@@ -59,7 +59,7 @@ from impala_jax.experiment import (
     parse_stop,
     stop_reached,
 )
-from impala_jax.jax_setup import enable_compile_cache, set_jax_environment
+from impala_jax.jax_setup import DEFAULT_COMPILE_CACHE, enable_compile_cache, set_jax_environment
 from impala_jax.run_dir import (
     checkpoint_config,
     checkpoint_path,
@@ -155,7 +155,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--compile-cache",
         metavar="DIR",
-        default=os.path.join(os.path.expanduser("~"), ".cache", "impala_jax", "xla"),
+        default=DEFAULT_COMPILE_CACHE,
         help="JAX's persistent compilation cache: a rerun of the same experiment skips "
         "compiling (default ~/.cache/impala_jax/xla; 'none' turns it off)",
     )
