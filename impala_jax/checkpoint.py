@@ -130,7 +130,12 @@ def jsonable(value: Any):
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     if callable(value):
-        return f"{value.__module__}:{value.__qualname__}"
+        module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+        if module and name:
+            return f"{module}:{name}"
+        # A functools.partial or a callable object has no import path: kept as its repr,
+        # which from_checkpoint reports as a value it cannot import.
+        return repr(value)
     return value
 
 
@@ -166,10 +171,16 @@ class SaveResult:
 
 
 def path_of(checkpoint: Any) -> str:
-    """The directory of a path, a ``Checkpoint`` (impala_jax's or Ray Tune's, both ``.path``)
-    or a ``save()`` result (``.checkpoint.path``)."""
+    """The directory of a path, a ``Checkpoint`` (impala_jax's or Ray Tune's: ``.path``; a
+    Ray checkpoint in remote storage is downloaded first) or a ``save()`` result
+    (``.checkpoint``)."""
     if hasattr(checkpoint, "checkpoint") and hasattr(checkpoint.checkpoint, "path"):
-        return str(checkpoint.checkpoint.path)
+        return path_of(checkpoint.checkpoint)
+    if hasattr(checkpoint, "to_directory") and hasattr(checkpoint, "filesystem"):
+        # Ray's Checkpoint (a Tune result's): its path on local disk, else a local copy of it.
+        if type(checkpoint.filesystem).__name__ == "LocalFileSystem":
+            return str(checkpoint.path)
+        return checkpoint.to_directory()
     if not isinstance(checkpoint, str | os.PathLike) and hasattr(checkpoint, "path"):
         return str(checkpoint.path)
     return os.fspath(checkpoint)

@@ -10,7 +10,6 @@ import sys
 
 from impala_jax.experiment import RunError
 
-
 # The persistent compilation cache of the command line and of Ray Tune trials.
 DEFAULT_COMPILE_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "impala_jax", "xla")
 

@@ -258,7 +258,9 @@ FIELDS: dict[str, Any] = {
     "learner_class": Error("my_pkg.MyLearner"),
     # .learners()
     "num_learners": Built("T", 2, lambda o: o.algo.learner.num_devices == 2),
-    "num_cpus_per_learner": Error(2),
+    "num_cpus_per_learner": Covered(
+        "tests/test_ray_tune.py::test_trial_resources_add_up_one_process"
+    ),
     "num_gpus_per_learner": Error(1),  # JAX has no GPU in the tests (conftest: cpu)
     "num_aggregator_actors_per_learner": Covered(
         "tests/test_buffers.py::test_aggregator_threads_stack_what_loader_threads_copy"
@@ -375,7 +377,9 @@ FIELDS: dict[str, Any] = {
     ),
     "seed": Covered("tests/test_algorithm.py::test_lockstep_runs_are_reproducible"),
     # .resources()
-    "num_cpus_for_main_process": Error(2),
+    "num_cpus_for_main_process": Covered(
+        "tests/test_ray_tune.py::test_trial_resources_add_up_one_process"
+    ),
     "placement_strategy": Error("SPREAD"),
     "num_gpus": Accepted(0, "old-stack resource; RLlib's example scripts always set num_gpus=0"),
     # .framework(), .api_stack()
