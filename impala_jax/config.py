@@ -94,7 +94,7 @@ class IMPALAConfig(RLlibBuilders):
         self.num_envs_per_env_runner = 1  # envs in each runner's vectorised env
         self.gym_env_vectorize_mode = "sync"  # gymnasium.vector mode for non-envpool envs
         self.num_cpus_per_env_runner = 1  # envpool num_threads per runner (ceil, >= 1)
-        self.num_gpus_per_env_runner = 0  # sizes Tune trials (coming): others are a ValueError
+        self.num_gpus_per_env_runner = 0  # actors act on the learner's device: others ValueError
         self.sample_timeout_s = 60.0  # a runner silent this long counts as failed
         self.max_requests_in_flight_per_env_runner = 1  # not supported yet: others ValueError
         self.compress_observations = False  # fragments stay arrays in memory: True is a ValueError
@@ -142,7 +142,7 @@ class IMPALAConfig(RLlibBuilders):
 
         # .learners()
         self.num_learners = 1  # learner devices (data parallel); 0 = 1 device, no collectives
-        self.num_cpus_per_learner = "auto"  # sizes Tune trials (coming): others are a ValueError
+        self.num_cpus_per_learner = "auto"  # CPUs a Tune trial asks for per learner (ray_tune)
         self.num_gpus_per_learner = 0  # 0: JAX's default backend; > 0 requires a GPU backend
         self.num_aggregator_actors_per_learner = 0  # host threads stacking batches; 0: loaders do
         self.max_requests_in_flight_per_aggregator_actor = 3  # stacked batches queued per one
@@ -198,10 +198,10 @@ class IMPALAConfig(RLlibBuilders):
         for _hook in CALLBACK_KEYWORDS:
             setattr(self, _hook, None)
 
-        # .resources() (not in the measured table; RLlib's values; others are a ValueError)
-        self.num_cpus_for_main_process = 1
+        # .resources() (not in the measured table; RLlib's values)
+        self.num_cpus_for_main_process = 1  # CPUs a Tune trial asks for its main process
         self.num_gpus = 1  # RLlib IMPALA's old-stack value; JAX picks the devices
-        self.placement_strategy = "PACK"
+        self.placement_strategy = "PACK"  # a trial is one bundle: others are a ValueError
 
         # .api_stack() and .framework(): RLlib's switches, fixed here (see docs/config.md).
         self.enable_rl_module_and_learner = True  # the new API stack is the only one here

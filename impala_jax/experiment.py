@@ -34,6 +34,11 @@ def one_line(err: BaseException | str) -> str:
     return "; ".join(lines)
 
 
+def module_name(path: str | Path) -> str:
+    """The name load_experiment gives the file's module in sys.modules."""
+    return "experiment_" + re.sub(r"\W", "_", Path(path).stem)
+
+
 def load_experiment(path: str | Path, script_args: Sequence[str] = ()) -> tuple[Any, dict]:
     """Runs the experiment file; returns its ``config`` (a copy) and ``stop``.
 
@@ -54,7 +59,7 @@ def load_experiment(path: str | Path, script_args: Sequence[str] = ()) -> tuple[
     path = Path(path)
     if not path.is_file():
         raise RunError(f"experiment file {path} does not exist")
-    name = "experiment_" + re.sub(r"\W", "_", path.stem)
+    name = module_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

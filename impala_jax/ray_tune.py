@@ -229,9 +229,27 @@ def register() -> None:
     """IMPALAConfig as a Tune ``_Config``; IMPALATrainable as "IMPALA" and "impala_jax"."""
     from ray.tune.tune import _Config
 
+    from impala_jax.envs import _REGISTERED
+
     _Config.register(IMPALAConfig)
     register_trainable(RLLIB_NAME, IMPALATrainable)
     register_trainable(TUNE_NAME, IMPALATrainable)
+    for name, creator in _REGISTERED.items():
+        share_env(name, creator)
+
+
+def share_env(name: str, creator) -> None:
+    """An env of impala_jax.register_env in Tune's registry too, so trials find it."""
+    try:
+        tune.register_env(name, creator)
+    except Exception as err:  # e.g. a creator that cannot be pickled
+        _LOG.warning(
+            "register_env(%r): Ray Tune cannot ship this creator to trials (%s: %s); trials in "
+            "other processes will not find the name. Register an importable function instead.",
+            name,
+            type(err).__name__,
+            err,
+        )
 
 
 def guard_rllib_registry() -> None:
@@ -249,3 +267,8 @@ def guard_rllib_registry() -> None:
 
     register_all_then_impala_jax._impala_jax = True
     rllib._register_all = register_all_then_impala_jax
+
+
+# Importing this module registers too (a Tune worker unpickling IMPALATrainable imports it
+# first, and ray.tune's import inside it comes before `register` exists).
+register()

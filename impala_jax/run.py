@@ -32,8 +32,15 @@ Ctrl-C (or SIGTERM) finishes the current iteration, saves a checkpoint and exits
 command that resumes the run; a second Ctrl-C exits at once. --resume RUN_DIR continues from the
 newest checkpoint with the same counters and appends to the same logs.
 
+A config that holds Ray Tune search spaces (tune.grid_search, tune.uniform, ... anywhere in
+the builder calls) runs as a Ray Tune sweep (impala_jax/sweep.py): one trial per point, each
+stopped by the stop criteria, in one run directory with Tune's experiment under tune/; at the
+end one line per trial and the best trial's checkpoint. The file may also set num_samples and
+failure_config. --ray-address joins a running Ray cluster (default: a local Ray with every CPU).
+
 Exit status: 0 when a stop criterion is met, 2 for a usage or config error, 130 / 143 after
-SIGINT / SIGTERM, 1 when training fails.
+SIGINT / SIGTERM, 1 when training fails. A sweep: 0 when every trial terminated, 1 when a trial
+errored or did not finish, 2 for a usage or config error.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import warnings
 from pathlib import Path
 
 from impala_jax import loggers
+from impala_jax.config_checks import find_search_space
 from impala_jax.display import Display
 from impala_jax.experiment import (
     RunError,
@@ -81,6 +89,8 @@ EXAMPLES = """examples:
   WANDB_MODE=offline python -m impala_jax.run experiments/cartpole.py --wandb
   python -m impala_jax.run cartpole_impala.py --stop training_iteration=50 \\
       -- --num-env-runners=2 --stop-reward=450
+  python -m impala_jax.run experiments/cartpole_sweep.py       # a Ray Tune sweep
+  python -m impala_jax.run experiments/cartpole_sweep.py --ray-address auto
 
 stop keys are slash paths into the result dict, e.g. env_runners/episode_return_mean,
 env_runners/num_env_steps_sampled_lifetime (RLlib's step budget; the same count as the
@@ -161,6 +171,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--wandb", action="store_true", help="also log to Weights & Biases (needs wandb)"
+    )
+    parser.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="a sweep (a config with Ray Tune search spaces) joins this Ray cluster, e.g. auto "
+        "(default: starts a local Ray with every CPU of the machine)",
     )
     parser.add_argument(
         "--wandb-project", default="impala_jax", help="W&B project (default impala_jax)"
@@ -283,9 +299,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         set_jax_environment(args.devices)
         enable_compile_cache(args.compile_cache)
+        # A sweep's run directory holds Tune's experiment (sweep.TUNE_DIR).
+        if args.resume and (Path(args.resume) / "tune").is_dir():
+            from impala_jax.sweep import resume_error
+
+            raise resume_error(args.resume)
         config, stop, run_dir, name, record, resume_from, notes = prepare(args)
     except RunError as err:
         print(f"impala_jax.run: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    if find_search_space(config.to_dict()):
+        from impala_jax.sweep import run_sweep  # imports ray: only a sweep pays for it
+
+        try:
+            return run_sweep(args, config, stop, name, record, notes)
+        except RunError as err:
+            print(f"impala_jax.run: error: {err}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.ray_address:
+        print(
+            "impala_jax.run: error: --ray-address is for sweeps (a config with Ray Tune search "
+            "spaces); this config has none and runs in this process",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if args.quiet:
         mode = "quiet"

@@ -22,6 +22,9 @@ _LOG = logging.getLogger("impala_jax")
 
 
 def _register_with_tune() -> None:
+    module = sys.modules.get("impala_jax.ray_tune")
+    if module is not None and not hasattr(module, "register"):
+        return  # ray_tune's own `from ray import tune` got here; it registers when it ends
     from impala_jax import ray_tune
 
     ray_tune.register()

@@ -439,3 +439,23 @@ def test_search_spaces_inside_model_config_and_schedules(ray_local, tmp_path):
         assert trial["model_config"]["fcnet_activation"] == "tanh"  # the defaults merged in
         assert result.metrics["learners"]["default_policy"]["curr_lr"] <= lr0
     assert seen == {(24, 1e-3), (24, 2e-3), (40, 1e-3), (40, 2e-3)}
+
+
+def test_env_registered_with_impala_jax_reaches_trials(ray_local, tmp_path):
+    import gymnasium as gym
+
+    from impala_jax import register_env
+    from impala_jax.envs import _REGISTERED
+
+    register_env("cartpole_from_the_driver", lambda ctx: gym.make("CartPole-v1"))
+    try:
+        grid = _run(
+            tmp_path,
+            small().environment("cartpole_from_the_driver"),
+            stop={"training_iteration": 1},
+        )
+        (result,) = grid
+        assert result.error is None
+        assert result.metrics["num_env_steps_sampled_lifetime"] > 0
+    finally:
+        _REGISTERED.pop("cartpole_from_the_driver", None)
