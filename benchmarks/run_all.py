@@ -20,6 +20,7 @@ BENCHMARKS = [
     ("end_to_end_cartpole", ["-m", "benchmarks.end_to_end", "--env", "cartpole"], 180),
     ("time_to_450", ["-m", "benchmarks.time_to_450"], 600),
     ("end_to_end_pong", ["-m", "benchmarks.end_to_end", "--env", "pong"], 300),
+    ("tune_overhead", ["-m", "benchmarks.tune_overhead"], 600),
 ]
 
 
@@ -86,6 +87,19 @@ def summarize(results: dict) -> list[dict]:
                 "value": f"{pong['train_env_frames_per_s']:,.0f} frames/s training, "
                 f"{pong['ratio_to_raw']:.3f} of raw envpool "
                 f"({pong['raw_envpool_frames_per_s']:,.0f}) at {pong['num_envs']} envs",
+                "met": None,
+            }
+        )
+    tune_overhead = results.get("tune_overhead")
+    if tune_overhead:
+        rows.append(
+            {
+                "goal": "Ray Tune trial vs a plain train() loop, CartPole to 450 (report)",
+                "value": f"{tune_overhead['median_wall_s_tune']:.1f} s vs "
+                f"{tune_overhead['median_wall_s_direct']:.1f} s from launch "
+                f"(+{tune_overhead['median_overhead_s']:.1f} s); training "
+                f"{tune_overhead['median_train_s_tune']:.1f} s vs "
+                f"{tune_overhead['median_train_s_direct']:.1f} s",
                 "met": None,
             }
         )

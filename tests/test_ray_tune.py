@@ -423,7 +423,10 @@ def _leaves(tree):
 def test_search_spaces_inside_model_config_and_schedules(ray_local, tmp_path):
     config = (
         small()
-        .training(lr=[[0, tune.grid_search([1e-3, 2e-3])], [10_000, 1e-5]])
+        .training(
+            lr=[[0, tune.grid_search([1e-3, 2e-3])], [10_000, 1e-5]],
+            vf_loss_coeff=tune.uniform(0.1, 0.5),
+        )
         .rl_module(model_config={"fcnet_hiddens": tune.grid_search([[24], [40]])})
         .callbacks(on_train_result=record_layer_sizes)
     )
@@ -437,6 +440,7 @@ def test_search_spaces_inside_model_config_and_schedules(ray_local, tmp_path):
         seen.add((hidden[0], lr0))
         assert hidden[0] in result.metrics["layer_sizes"]
         assert trial["model_config"]["fcnet_activation"] == "tanh"  # the defaults merged in
+        assert 0.1 <= trial["vf_loss_coeff"] <= 0.5
         assert result.metrics["learners"]["default_policy"]["curr_lr"] <= lr0
     assert seen == {(24, 1e-3), (24, 2e-3), (40, 1e-3), (40, 2e-3)}
 
@@ -459,3 +463,19 @@ def test_env_registered_with_impala_jax_reaches_trials(ray_local, tmp_path):
         assert result.metrics["num_env_steps_sampled_lifetime"] > 0
     finally:
         _REGISTERED.pop("cartpole_from_the_driver", None)
+
+
+def test_cleanup_stops_every_thread_the_trial_started():
+    import threading
+    import time
+
+    before = set(threading.enumerate())
+    config = small().env_runners(num_env_runners=1, num_envs_per_env_runner=4)
+    trainable = IMPALATrainable(config=config.to_dict())
+    trainable.train()
+    assert len(set(threading.enumerate()) - before) > 0  # runner and loader threads ran
+    trainable.stop()  # Tune's stop() calls cleanup()
+    deadline = time.monotonic() + 10
+    while set(threading.enumerate()) - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(threading.enumerate()) - before == set()
