@@ -309,8 +309,8 @@ def register_env(name: str, env_creator: Callable) -> None:
 
     The creator gets an ``EnvContext`` (env_config plus ``worker_index``, ``num_workers``,
     ``vector_index``). A registered name wins over a gymnasium or envpool id of the same
-    spelling, as in RLlib. Once ray.tune is imported (before or after this call), the name is
-    also registered in Tune's registry, which Ray ships to every trial's process and node.
+    spelling, as in RLlib. A Ray Tune trial of a config naming it finds it too: the driver
+    copies it into Tune's registry, which Ray ships to every trial's process and node.
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"register_env: name must be a non-empty string, got {name!r}.")
@@ -320,10 +320,6 @@ def register_env(name: str, env_creator: Callable) -> None:
             f"(env_config -> gymnasium.Env), got {env_creator!r}."
         )
     _REGISTERED[name] = env_creator
-    if "ray.tune.registry" in sys.modules:
-        from impala_jax.ray_tune import share_env
-
-        share_env(name, env_creator)
 
 
 def registered_creator(name: str) -> Callable | None:

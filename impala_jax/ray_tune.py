@@ -158,6 +158,9 @@ class IMPALATrainable(tune.Trainable):
         """One bundle (`trial_resources`). On a fixed cluster (not autoscaling) a request no
         node can hold is an error now, instead of a trial that stays PENDING forever."""
         request = trial_resources(config)
+        # Tune asks here, in the driver, before it starts the trial: the last moment to hand
+        # the trial an env registered with impala_jax.register_env.
+        share_env(config)
         if ray.is_initialized() and not _autoscaling():
             fits, nodes = _nodes_that_fit(request)
             if not fits:
@@ -229,19 +232,21 @@ def register() -> None:
     """IMPALAConfig as a Tune ``_Config``; IMPALATrainable as "IMPALA" and "impala_jax"."""
     from ray.tune.tune import _Config
 
-    from impala_jax.envs import _REGISTERED
-
     _Config.register(IMPALAConfig)
     register_trainable(RLLIB_NAME, IMPALATrainable)
     register_trainable(TUNE_NAME, IMPALATrainable)
-    for name, creator in _REGISTERED.items():
-        share_env(name, creator)
 
 
-def share_env(name: str, creator) -> None:
-    """An env of impala_jax.register_env in Tune's registry too, so trials find it."""
+def share_env(config: Mapping[str, Any]) -> None:
+    """A trial's env named with impala_jax.register_env goes into Tune's registry too, which
+    Ray ships to the trial's process (only then: Tune's registry outlives impala_jax's)."""
+    from impala_jax.envs import _REGISTERED
+
+    name = config.get("env")
+    if not isinstance(name, str) or name not in _REGISTERED:
+        return
     try:
-        tune.register_env(name, creator)
+        tune.register_env(name, _REGISTERED[name])
     except Exception as err:  # e.g. a creator that cannot be pickled
         _LOG.warning(
             "register_env(%r): Ray Tune cannot ship this creator to trials (%s: %s); trials in "
