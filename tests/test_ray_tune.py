@@ -70,7 +70,18 @@ def _python(code: str, env: dict | None = None, timeout: float = 240) -> str:
     return proc.stdout
 
 
-def _run(tmp_path, param_space, trainable=TUNE_NAME, **run_config):
+class _Collect(tune.Callback):
+    """Every result of every trial as the driver received it, by trial id (a trial's
+    result.json can miss rows written just before its actor died or paused)."""
+
+    def __init__(self):
+        self.rows: dict[str, list[dict]] = {}
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.rows.setdefault(trial.trial_id, []).append(result)
+
+
+def _run(tmp_path, param_space, trainable=TUNE_NAME, collect=None, **run_config):
     stop = run_config.pop("stop", {"training_iteration": 2})
     tune_config = run_config.pop("tune_config", None)
     tuner = tune.Tuner(
@@ -78,16 +89,24 @@ def _run(tmp_path, param_space, trainable=TUNE_NAME, **run_config):
         param_space=param_space,
         tune_config=tune_config,
         run_config=tune.RunConfig(
-            stop=stop, storage_path=str(tmp_path), name="exp", verbose=0, **run_config
+            stop=stop,
+            storage_path=str(tmp_path),
+            name="exp",
+            verbose=0,
+            callbacks=[collect] if collect is not None else None,
+            **run_config,
         ),
     )
     return tuner.fit()
 
 
-def _rows(result) -> list[dict]:
-    """Every result a trial reported, in order (its result.json), restored runs included."""
-    lines = (Path(result.path) / "result.json").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+def _saved_counters(result) -> dict[int, dict]:
+    """The counters of each checkpoint the trial kept, by training_iteration."""
+    counters = {}
+    for path in Path(result.path).glob("checkpoint_*"):
+        state = json.loads((path / "state.json").read_text())
+        counters[state["counters"]["training_iteration"]] = state["counters"]
+    return counters
 
 
 # --- import and registration ---------------------------------------------------------------
@@ -289,10 +308,11 @@ def test_reset_config_applies_the_new_config():
 
 def test_stop_on_a_slash_path(ray_local, tmp_path):
     # Nothing else would stop it: it ends because env_runners/episode_return_mean >= 1.
-    grid = _run(tmp_path, small(), stop={"env_runners/episode_return_mean": 1})
+    collect = _Collect()
+    grid = _run(tmp_path, small(), collect=collect, stop={"env_runners/episode_return_mean": 1})
     (result,) = grid
     assert result.error is None
-    rows = _rows(result)
+    (rows,) = collect.rows.values()
     assert rows[-1]["env_runners"]["episode_return_mean"] >= 1
     assert all("episode_return_mean" not in r["env_runners"] for r in rows[:-1])
 
@@ -336,9 +356,11 @@ def test_failure_config_retries_from_the_newest_checkpoint(ray_local, tmp_path):
     config = small().callbacks(
         on_train_result=functools.partial(fail_once, marker=marker, at_iteration=3)
     )
+    collect = _Collect()
     grid = _run(
         tmp_path,
         config,
+        collect=collect,
         stop={"training_iteration": 4},
         checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
         failure_config=tune.FailureConfig(max_failures=1),
@@ -346,16 +368,23 @@ def test_failure_config_retries_from_the_newest_checkpoint(ray_local, tmp_path):
     (result,) = grid
     assert os.path.exists(marker)  # the failure happened
     assert result.error is None  # and the retry finished the trial
-    rows = _rows(result)
-    iterations = [r["training_iteration"] for r in rows]
-    assert iterations == [1, 2, 3, 4]  # iteration 3 failed before reporting, then was redone
-    restored = rows[2]
-    assert restored["iterations_since_restore"] == 1  # from checkpoint 2, in a new actor
-    steps = [r["num_env_steps_sampled_lifetime"] for r in rows]
-    trained = [r["num_env_steps_trained_lifetime"] for r in rows]
-    assert steps == sorted(steps) and steps[2] > steps[1]  # counters resumed, not reset
-    assert trained[2] > trained[1]
-    assert restored["pid"] != rows[1]["pid"]
+    (rows,) = collect.rows.values()
+    assert rows[-1]["training_iteration"] == 4
+    # The retry: a new actor, restored from the newest checkpoint (iteration 2, or 1 if the
+    # failure came before Tune had saved 2) with that checkpoint's counters.
+    first_pid = rows[0]["pid"]
+    restored = next(r for r in rows if r["pid"] != first_pid)
+    assert restored["iterations_since_restore"] == 1
+    resumed_from = restored["training_iteration"] - 1
+    assert resumed_from in (1, 2)
+    saved = _saved_counters(result)[resumed_from]
+    sampled = restored["env_runners"]["num_env_steps_sampled"]
+    assert restored["num_env_steps_sampled_lifetime"] == (
+        saved["num_env_steps_sampled_lifetime"] + sampled
+    )
+    assert restored["num_env_steps_trained_lifetime"] > saved["num_env_steps_trained_lifetime"]
+    steps = [r["num_env_steps_sampled_lifetime"] for r in rows if r["pid"] != first_pid]
+    assert steps == sorted(steps)
 
 
 def test_population_based_training_perturbs_lr_and_exploits(ray_local, tmp_path):
@@ -369,9 +398,11 @@ def test_population_based_training_perturbs_lr_and_exploits(ray_local, tmp_path)
         synch=True,
     )
     config = small(lr=tune.grid_search([1e-4, 3e-3]))
+    collect = _Collect()
     grid = _run(
         tmp_path,
         config,
+        collect=collect,
         stop={"training_iteration": 4},
         tune_config=tune.TuneConfig(
             scheduler=pbt,
@@ -388,9 +419,9 @@ def test_population_based_training_perturbs_lr_and_exploits(ray_local, tmp_path)
     assert exploits, "PBT never exploited"
     target, clone, _, _, clone_config, new = exploits[0]
     assert new["lr"] != clone_config["lr"]  # perturbed
-    by_tag = {Path(r.path).name: r for r in grid}
-    target_rows = _rows(next(r for name, r in by_tag.items() if f"_{target}_" in name))
-    clone_rows = _rows(next(r for name, r in by_tag.items() if f"_{clone}_" in name))
+    by_tag = {Path(r.path).name: r.metrics["trial_id"] for r in grid}
+    target_rows = collect.rows[next(i for name, i in by_tag.items() if f"_{target}_" in name)]
+    clone_rows = collect.rows[next(i for name, i in by_tag.items() if f"_{clone}_" in name)]
     after = next(i for i, r in enumerate(target_rows) if r["config"]["lr"] == new["lr"])
     assert after > 0 and target_rows[after - 1]["config"]["lr"] != new["lr"]
     first = target_rows[after]
@@ -399,8 +430,7 @@ def test_population_based_training_perturbs_lr_and_exploits(ray_local, tmp_path)
     # learner applies the perturbed lr.
     resumed_at = first["training_iteration"] - 1
     assert resumed_at in (2, 4)
-    cloned = clone_rows[resumed_at - 1]
-    assert cloned["training_iteration"] == resumed_at
+    cloned = next(r for r in clone_rows if r["training_iteration"] == resumed_at)
     sampled = first["env_runners"]["num_env_steps_sampled"]
     assert first["num_env_steps_sampled_lifetime"] == (
         cloned["num_env_steps_sampled_lifetime"] + sampled
