@@ -75,6 +75,13 @@ class IMPALA:
         learner_key, self._actor_key = jax.random.split(jax.random.key(seed))
         self._seed = seed
 
+        if jax.process_count() > 1:
+            raise ValueError(
+                f"this process is one of {jax.process_count()} joined by "
+                "impala_jax.distributed.initialize(), but IMPALA's training loop does not run "
+                "over several processes yet (only its Learner does; see "
+                "impala_jax/distributed.py). Build it in a single process."
+            )
         devices = parallel.learner_devices(config.num_learners)
         T = config.get_rollout_fragment_length()
         self._T = T

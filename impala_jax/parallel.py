@@ -39,8 +39,25 @@ def make_mesh(devices: Sequence) -> Mesh:
 
 
 def put(tree, mesh: Mesh, spec: P):
-    """Host or device arrays -> arrays laid out on the mesh with one spec for every leaf."""
-    return jax.device_put(tree, NamedSharding(mesh, spec))
+    """Host or device arrays -> arrays laid out on the mesh with one spec for every leaf.
+
+    On a mesh over several processes (impala_jax.distributed) each process passes its own
+    part: for a split spec, its slice of the split axis (its batch columns); for REPLICATED,
+    the whole value, the same on every process (the learner state).
+    """
+    sharding = NamedSharding(mesh, spec)
+    if sharding.is_fully_addressable:
+        return jax.device_put(tree, sharding)
+    return jax.tree.map(lambda x: _put_global(x, sharding, spec), tree)
+
+
+def _put_global(x, sharding: NamedSharding, spec: P):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(_put_global(jax.random.key_data(x), sharding, spec))
+    if spec == REPLICATED:
+        host = np.asarray(jax.device_get(x))
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    return jax.make_array_from_process_local_data(sharding, np.asarray(jax.device_get(x)))
 
 
 def data_parallel(

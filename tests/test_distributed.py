@@ -1,0 +1,138 @@
+"""Two JAX processes on 127.0.0.1 (gloo collectives): a psum across them, and one learner update
+over both with half the batch each equal to the one-process update on the whole batch."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from tests.test_learner import make_learner, random_batch
+
+REPO = Path(__file__).resolve().parents[1]
+PROCESS_TIMEOUT_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_processes(mode: str, tmp_path: Path, n: int = 2) -> list[Path]:
+    """Starts `n` workers, waits for all with a hard timeout, kills every one in the end."""
+    coordinator = f"127.0.0.1:{_free_port()}"
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env.update(
+        PYTHONPATH=str(REPO),
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        # gRPC must talk to the coordinator directly, never through a proxy.
+        no_proxy="127.0.0.1,localhost",
+        NO_PROXY="127.0.0.1,localhost",
+    )
+    outs = [
+        tmp_path / f"out_{i}.npz" if mode == "update" else tmp_path / f"out_{i}.npy"
+        for i in range(n)
+    ]
+    procs = []
+    try:
+        for i in range(n):
+            cmd = [sys.executable, "-m", "tests.distributed_worker", mode, coordinator, str(n)]
+            cmd += [str(i), str(outs[i])]
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    cwd=REPO,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+        for i, proc in enumerate(procs):
+            try:
+                output, _ = proc.communicate(timeout=PROCESS_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"process {i} of {n} did not finish in {PROCESS_TIMEOUT_S} s")
+            assert proc.returncode == 0, f"process {i}:\n{output[-4000:]}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return outs
+
+
+@pytest.mark.timeout(300)
+def test_psum_across_two_processes(tmp_path):
+    for out in _run_processes("psum", tmp_path):
+        np.testing.assert_array_equal(np.load(out), [3.0])  # 1 + 2, on each process
+
+
+@pytest.mark.timeout(300)
+def test_learner_update_over_two_processes_equals_one_process(tmp_path):
+    outs = _run_processes("update", tmp_path)
+    reference = make_learner(1)
+    for seed in range(2):
+        metrics = reference.update(reference.put_batch(random_batch(seed)), env_steps=0)
+    expected = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(reference.state.params))]
+    for out in outs:
+        with np.load(out) as got:
+            leaves = [got[f"arr_{i}"] for i in range(len(expected))]
+            for a, b in zip(leaves, expected, strict=True):
+                np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+            np.testing.assert_allclose(got["total_loss"], metrics["total_loss"], rtol=1e-5)
+
+
+def test_initialize_checks_its_arguments_and_defaults_to_one_process():
+    code = """
+import os
+from impala_jax import distributed
+for args, needle in [
+    (("nohost", 2, 0), "HOST:PORT"),
+    (("127.0.0.1:1234", 2, 5), "process_id=5 must be in [0, 2)"),
+    (("127.0.0.1:1234", 0, 0), "num_processes=0 must be >= 1"),
+    (("127.0.0.1:1234", None, 0), "needs all of"),
+]:
+    try:
+        distributed.initialize(*args)
+    except ValueError as err:
+        assert needle in str(err), (args, err)
+    else:
+        raise AssertionError(args)
+os.environ["IMPALA_JAX_NUM_PROCESSES"] = "two"
+try:
+    distributed.initialize()
+except ValueError as err:
+    assert "IMPALA_JAX_NUM_PROCESSES='two'" in str(err), err
+del os.environ["IMPALA_JAX_NUM_PROCESSES"]
+assert distributed.initialize() == 1  # no cluster found: one process
+import jax
+assert jax.process_count() == 1 and distributed.is_primary()
+try:
+    distributed.initialize()
+except RuntimeError as err:
+    assert "before anything uses JAX" in str(err)
+else:
+    raise AssertionError("initialize after JAX started")
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "OMPI", "PMI"))}
+    env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_impala_refuses_to_build_over_several_processes_for_now(tmp_path):
+    for out in _run_processes("build", tmp_path):
+        assert np.load(out).item() is True
