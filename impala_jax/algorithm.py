@@ -17,6 +17,7 @@ import weakref
 import gymnasium as gym
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from impala_jax import checkpoint, parallel, specs
 from impala_jax.buffers import MinibatchBuffer
@@ -35,6 +36,8 @@ from impala_jax.types import Trajectory
 
 # Learner updates in a row with non-finite gradients (each skipped) before train() gives up.
 MAX_CONSECUTIVE_NON_FINITE = 10
+# Env seeds of process p start at seed + p * this (far above any runner's restart blocks).
+PROCESS_SEED_STRIDE = 1 << 24
 
 
 # Algorithms not stopped by their users: stopped at interpreter exit, before daemon runner
@@ -75,14 +78,28 @@ class IMPALA:
         learner_key, self._actor_key = jax.random.split(jax.random.key(seed))
         self._seed = seed
 
-        if jax.process_count() > 1:
+        self._processes = jax.process_count()
+        if self._processes > 1 and config.num_env_runners != 0:
             raise ValueError(
-                f"this process is one of {jax.process_count()} joined by "
-                "impala_jax.distributed.initialize(), but IMPALA's training loop does not run "
-                "over several processes yet (only its Learner does; see "
-                "impala_jax/distributed.py). Build it in a single process."
+                f"this process is one of {self._processes} joined by "
+                "impala_jax.distributed.initialize(); over several processes IMPALA runs only "
+                "in lockstep so far: set env_runners(num_env_runners=0) (runner threads across "
+                "processes are not done yet, see impala_jax/distributed.py)."
             )
         devices = parallel.learner_devices(config.num_learners)
+        # This process's learner devices: its batch columns and its actors' device.
+        local = [d for d in devices if d.process_index == jax.process_index()]
+        if not local:
+            raise ValueError(
+                f"learners(num_learners={config.num_learners}) uses none of this process's "
+                f"devices (process {jax.process_index()} of {self._processes}); every process "
+                "needs a learner device: num_learners = the devices of all processes."
+            )
+        if self._processes > 1:
+            # Each process's envs get a seed block of their own (envpool seeds env i with
+            # seed + i), and its actions their own key; the learner key stays shared.
+            seed += jax.process_index() * PROCESS_SEED_STRIDE
+            self._actor_key = jax.random.fold_in(self._actor_key, jax.process_index())
         T = config.get_rollout_fragment_length()
         self._T = T
 
@@ -117,10 +134,10 @@ class IMPALA:
             self._act,
             self._act_greedy,
             self.learner.state.params,
-            actor_device=devices[0],
+            actor_device=local[0],
             observation_space=obs_space,
             seed=seed,
-            batch_columns=self.step_spec.columns * len(devices),
+            batch_columns=self.step_spec.columns * len(local),
         )
         self.env_runner_group = group
         self.param_store = group.param_store
@@ -247,13 +264,17 @@ class IMPALA:
             self.training_step()
             num_steps += 1
             elapsed = time.perf_counter() - started
-            if (
+            done = (
                 elapsed >= (cfg.min_time_s_per_iteration or 0)
                 and self.num_env_steps_sampled_lifetime - sampled0
                 >= (cfg.min_sample_timesteps_per_iteration or 0)
                 and self._env_steps_trained - trained0
                 >= (cfg.min_train_timesteps_per_iteration or 0)
-            ):
+            )
+            if self._processes > 1:
+                # Process 0 decides, so every process runs the same number of updates.
+                done = bool(multihost_utils.broadcast_one_to_all(np.bool_(done)))
+            if done:
                 break
         with self._timers.time("learner_fetch"):
             # The one device->host fetch of the iteration; it also waits for the last step.

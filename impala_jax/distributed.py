@@ -7,10 +7,14 @@ gradient mean runs over all of them. A process puts only its own part of a batch
 (``parallel.put``: ``jax.make_array_from_process_local_data``); the learner state is the same
 value on every process.
 
-Status (issue 12): the learner works across processes (``Learner``: tests/test_distributed.py).
-The training loop across processes (each process's own EnvRunnerGroup, decisions broadcast from
-process 0, only process 0 writing files, a watchdog on lost peers) is not finished, so
-``IMPALA`` refuses to build when more than one process is joined.
+Status (issue 12): the learner works across processes, and so does ``IMPALA`` in lockstep
+(``env_runners(num_env_runners=0)``). Each process samples its own envs (a seed block of its
+own) for its share of the batch, process 0 decides when an iteration ends and broadcasts it,
+and every process keeps identical params (tests/test_distributed.py). Not done yet: runner
+threads across processes (a clear error), results summed or pooled over processes (each
+process reports its own counts and episodes), only process 0 writing files and checkpoints,
+the command line's flags, and a test of a lost peer (JAX's coordination service ends the
+others after ``heartbeat_timeout_s``).
 
 CPU processes use gloo collectives (the test setup: two processes on 127.0.0.1); GPUs use NCCL.
 This module imports JAX only inside its functions, and nothing imports it at ``import

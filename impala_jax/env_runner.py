@@ -54,7 +54,11 @@ class ParamStore:
         self._params = self._to_actor(params)
 
     def _to_actor(self, params):
-        # A copy, never an alias: the learner donates its buffers on the next step.
+        # A copy, never an alias: the learner donates its buffers on the next step. Over
+        # several processes the params are replicated global arrays: this process's copy.
+        params = jax.tree.map(
+            lambda x: x if x.is_fully_addressable else x.addressable_data(0), params
+        )
         return jax.device_put(params, self._device, may_alias=False)
 
     def publish(self, params) -> None:

@@ -38,7 +38,7 @@ def _run_processes(mode: str, tmp_path: Path, n: int = 2) -> list[Path]:
         NO_PROXY="127.0.0.1,localhost",
     )
     outs = [
-        tmp_path / f"out_{i}.npz" if mode == "update" else tmp_path / f"out_{i}.npy"
+        tmp_path / f"out_{i}.npz" if mode in ("update", "train") else tmp_path / f"out_{i}.npy"
         for i in range(n)
     ]
     procs = []
@@ -133,6 +133,20 @@ print("ok")
 
 
 @pytest.mark.timeout(300)
-def test_impala_refuses_to_build_over_several_processes_for_now(tmp_path):
+def test_impala_with_runner_threads_refuses_to_build_over_several_processes(tmp_path):
     for out in _run_processes("build", tmp_path):
         assert np.load(out).item() is True
+
+
+@pytest.mark.timeout(300)
+def test_lockstep_training_over_two_processes_keeps_their_params_identical(tmp_path):
+    a, b = (np.load(out) for out in _run_processes("train", tmp_path))
+    with a, b:
+        # Process 1 alone would end each iteration after one update (min_time 0): it ran as
+        # many as process 0 decided.
+        np.testing.assert_array_equal(a["updates"], b["updates"])
+        assert a["updates"][1] - a["updates"][0] > 1  # the second iteration, compiled
+        names = [k for k in a.files if k.startswith("arr_")]
+        assert names
+        for name in names:
+            np.testing.assert_array_equal(a[name], b[name])
