@@ -3,7 +3,7 @@
     python -m impala_jax.run experiments/cartpole_sweep.py
     python -m impala_jax.run experiments/cartpole_sweep.py --ray-address auto   # a cluster
 
-The config is cartpole.py's with two search spaces, so the CLI runs it as a sweep
+The config is cartpole.py's (loaded from it) with two search spaces, so the CLI runs it as a sweep
 (impala_jax/sweep.py): a grid over ``lr`` and over ``fcnet_hiddens`` inside ``model_config``,
 each trial stopped at a mean return of 450 or after 3M env steps. It shows how sensitive
 CartPole's time to 450 is to the learning rate (cartpole.py picked 0.001 for stability, see
@@ -17,36 +17,20 @@ impala_jax.ray_tune.trial_resources), so a 2-core machine runs the trials one af
 a machine with 8 cores runs all four at once.
 """
 
+from pathlib import Path
+
 from ray import tune
 
-from impala_jax import IMPALAConfig
+from impala_jax.experiment import load_experiment
 
-config = (
-    IMPALAConfig()
-    .environment("CartPole-v1")
-    .env_runners(num_env_runners=1, num_envs_per_env_runner=256, rollout_fragment_length=10)
-    .training(
-        lr=tune.grid_search([5e-4, 1e-3]),
-        train_batch_size_per_learner=2560,
-        minibatch_size=640,
-        vf_loss_coeff=0.02,
-        entropy_coeff=0.0,
-        grad_clip=40.0,
-        gamma=0.99,
-        num_gpu_loader_threads=1,
-    )
-    .learners(num_learners=0)
-    .rl_module(
-        model_config={
-            "fcnet_hiddens": tune.grid_search([[64, 64], [32, 32]]),
-            "fcnet_activation": "tanh",
-        }
-    )
-    .reporting(min_time_s_per_iteration=0.25)
-    .debugging(seed=0)
+# cartpole.py's config and stop, with two of its settings swept.
+config, stop = load_experiment(Path(__file__).with_name("cartpole.py"))
+config.training(lr=tune.grid_search([5e-4, 1e-3])).rl_module(
+    model_config={
+        "fcnet_hiddens": tune.grid_search([[64, 64], [32, 32]]),
+        "fcnet_activation": "tanh",
+    }
 )
-
-stop = {"env_runners/episode_return_mean": 450, "num_env_steps_sampled_lifetime": 3_000_000}
 
 # Samples of the search space: a grid is run this many times (each with the same seed here).
 num_samples = 1

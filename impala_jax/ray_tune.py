@@ -125,8 +125,8 @@ class IMPALATrainable(tune.Trainable):
     """
 
     def setup(self, config: dict) -> None:
-        resources = trial_resources(config)
         c = _config_from(config)
+        resources = trial_resources(c)
         trial_jax_environment(gpus=resources["GPU"], num_learners=max(1, c.num_learners))
         self.algo = c.build()
 
@@ -157,7 +157,8 @@ class IMPALATrainable(tune.Trainable):
     def default_resource_request(cls, config: dict) -> tune.PlacementGroupFactory:
         """One bundle (`trial_resources`). On a fixed cluster (not autoscaling) a request no
         node can hold is an error now, instead of a trial that stays PENDING forever."""
-        request = trial_resources(config)
+        c = _config_from(config)
+        request = trial_resources(c)
         # Tune asks here, in the driver, before it starts the trial: the last moment to hand
         # the trial an env registered with impala_jax.register_env.
         share_env(config)
@@ -166,22 +167,20 @@ class IMPALATrainable(tune.Trainable):
             if not fits:
                 raise ValueError(
                     f"An impala_jax trial of this config asks for {_describe(request)} in one "
-                    f"process ({_why(config)}), but no node of this Ray cluster has that many: "
+                    f"process ({_why(c)}), but no node of this Ray cluster has that many: "
                     f"nodes have {[_describe(n) for n in nodes]}. Ask for less (e.g. "
                     f"env_runners(num_env_runners=...), learners(num_cpus_per_learner=...), "
                     f"resources(num_cpus_for_main_process=...)) or start Ray with more "
                     f"(ray.init(num_cpus=...), more nodes)."
                 )
-        strategy = _config_from(config).placement_strategy
-        return tune.PlacementGroupFactory([request], strategy=strategy)
+        return tune.PlacementGroupFactory([request], strategy=c.placement_strategy)
 
 
 def _describe(resources: Mapping[str, float]) -> str:
     return ", ".join(f"{v:g} {k}" for k, v in resources.items())
 
 
-def _why(config: Mapping[str, Any]) -> str:
-    c = _config_from(config)
+def _why(c: IMPALAConfig) -> str:
     parts = [
         f"main process and learner: max(num_cpus_for_main_process={c.num_cpus_for_main_process}"
         f", num_cpus_per_learner={c.num_cpus_per_learner!r} x {max(1, c.num_learners)})",
