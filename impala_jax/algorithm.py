@@ -17,9 +17,8 @@ import weakref
 import gymnasium as gym
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 
-from impala_jax import checkpoint, parallel, specs
+from impala_jax import checkpoint, distributed, parallel, specs
 from impala_jax.buffers import MinibatchBuffer
 from impala_jax.callbacks import Callbacks
 from impala_jax.distributions import make_distribution
@@ -78,14 +77,12 @@ class IMPALA:
         learner_key, self._actor_key = jax.random.split(jax.random.key(seed))
         self._seed = seed
 
+        # Over several processes (impala_jax.distributed): each samples its own envs, counts
+        # are agreed before every update (_next_batch) and process 0 writes and evaluates.
         self._processes = jax.process_count()
-        if self._processes > 1 and config.num_env_runners != 0:
-            raise ValueError(
-                f"this process is one of {self._processes} joined by "
-                "impala_jax.distributed.initialize(); over several processes IMPALA runs only "
-                "in lockstep so far: set env_runners(num_env_runners=0) (runner threads across "
-                "processes are not done yet, see impala_jax/distributed.py)."
-            )
+        self._primary = jax.process_index() == 0
+        self._sampled_base = 0  # restored env steps of all processes (several processes)
+        self._global_sampled = 0  # every process's env steps, as of the last agreement
         devices = parallel.learner_devices(config.num_learners)
         # This process's learner devices: its batch columns and its actors' device.
         local = [d for d in devices if d.process_index == jax.process_index()]
@@ -193,7 +190,44 @@ class IMPALA:
 
     @property
     def num_env_steps_sampled_lifetime(self) -> int:
+        """Env steps sampled so far; over several processes, by all of them (as of the last
+        update: the count every process agreed on)."""
+        if self._processes > 1:
+            return self._global_sampled
         return self.env_runner_group.num_env_steps_sampled_lifetime
+
+    def _next_batch(self, source):
+        """The next batch; over several processes, only once every process has its own.
+
+        The processes exchange whether their batch came and how many env steps they sampled
+        (one allgather): a runner failure in one stops all with its error, where the others
+        would wait in the update's collective, and the summed count is the same on all, so
+        the learner's schedules see the same step on every process.
+        """
+        if self._processes == 1:
+            return source.next_batch()
+        error = None
+        try:
+            got = source.next_batch()
+        except Exception as err:  # EnvRunnerFailure, a stalled queue: reported to all first
+            got, error = None, err
+        local = self.env_runner_group.num_env_steps_sampled_lifetime
+        status = distributed.allgather(
+            np.array([error is not None, local], np.int64), "every process's next train batch"
+        )
+        self._global_sampled = self._sampled_base + int(status[:, 1].sum())
+        failed = [int(i) for i in np.flatnonzero(status[:, 0])]
+        if failed:
+            report = f"{type(error).__name__}: {error}" if error is not None else None
+            reports = distributed.allgather_json(report, "the failure report")
+            if error is not None:
+                raise error
+            first = failed[0]
+            raise EnvRunnerFailure(
+                f"process {first} of {self._processes} could not produce its train batch, so "
+                f"every process stops: {reports[first]}"
+            )
+        return got
 
     def training_step(self) -> None:
         cfg = self.config
@@ -201,7 +235,7 @@ class IMPALA:
         if cfg.fake_sampler and self._fake_batch is not None:
             batch, versions = self._fake_batch  # debugging(fake_sampler=True): no sampling
         else:
-            batch, versions = source.next_batch()
+            batch, versions = self._next_batch(source)
             if cfg.fake_sampler:
                 self._fake_batch = (batch, versions)
         if cfg._env_runners_only or cfg._skip_learners:
@@ -238,7 +272,25 @@ class IMPALA:
         cfg = self.config
         interval = cfg.evaluation_interval
         evaluate_now = bool(interval) and (self._iteration + 1) % interval == 0
-        if evaluate_now and cfg.evaluation_parallel_to_training:
+        if evaluate_now and self._processes > 1:
+            # Process 0 evaluates (the params are the same everywhere); the others receive it.
+            if self._primary:
+                result = self._evaluated_iteration()
+            else:
+                result = self._training_iteration()
+            result["evaluation"] = distributed.broadcast_json(
+                result.get("evaluation"),
+                "process 0's evaluation",
+                extra_s=cfg.evaluation_sample_timeout_s or 0,
+            )
+            return result
+        if evaluate_now:
+            return self._evaluated_iteration()
+        return self._training_iteration()
+
+    def _evaluated_iteration(self) -> dict:
+        """One training iteration with its evaluation (in parallel when so configured)."""
+        if self.config.evaluation_parallel_to_training:
             # RLlib's _run_one_training_iteration_and_evaluation_in_parallel: the training step
             # runs in a thread while this one evaluates the params the iteration started with.
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="training") as pool:
@@ -248,8 +300,7 @@ class IMPALA:
             result["evaluation"] = evaluation
             return result
         result = self._training_iteration()
-        if evaluate_now:
-            result["evaluation"] = self.evaluate()
+        result["evaluation"] = self.evaluate()
         return result
 
     def _training_iteration(self) -> dict:
@@ -273,7 +324,7 @@ class IMPALA:
             )
             if self._processes > 1:
                 # Process 0 decides, so every process runs the same number of updates.
-                done = bool(multihost_utils.broadcast_one_to_all(np.bool_(done)))
+                done = bool(distributed.broadcast(np.bool_(done), "process 0's end of iteration"))
             if done:
                 break
         with self._timers.time("learner_fetch"):
@@ -301,6 +352,11 @@ class IMPALA:
         """RLlib's nested result dict, plus impala_jax's perf/ and fault_tolerance/."""
         group = self.env_runner_group
         new_episodes, episode_metrics = group.drain_episodes_and_metrics()
+        if self._processes > 1:
+            # Every process's episodes, in process order: the same window everywhere.
+            rows = np.asarray(new_episodes, np.float64).reshape(-1, 2)
+            rows = distributed.allgather_rows(rows, "the iteration's episodes")
+            new_episodes = [(float(r), int(n)) for r, n in rows]
         self._episodes.add(new_episodes)
         sampled = self.num_env_steps_sampled_lifetime - sampled0
         trained = self._env_steps_trained - trained0
@@ -432,7 +488,10 @@ class IMPALA:
         self.env_runner_group.publish(self.learner.state.params)
 
     def get_state(self) -> dict:
-        learner, replay = self.learner.state_arrays()
+        """Learner state, replay slots, counters and the episode window as host values. Over
+        several processes the replay slots (spread over every process's devices) are left
+        out: a restored run starts with them empty, as on another device count."""
+        learner, replay = self.learner.state_arrays(replay=self._processes == 1)
         return {
             "learner": learner,
             "replay": replay,
@@ -460,7 +519,11 @@ class IMPALA:
         c = state["counters"]
         self._iteration = c["training_iteration"]
         self._time_total = c["time_total_s"]
-        group.set_num_env_steps_sampled_lifetime(c["num_env_steps_sampled_lifetime"])
+        if self._processes > 1:  # the restored total of all processes, plus what each samples
+            self._sampled_base = self._global_sampled = c["num_env_steps_sampled_lifetime"]
+            group.set_num_env_steps_sampled_lifetime(0)
+        else:
+            group.set_num_env_steps_sampled_lifetime(c["num_env_steps_sampled_lifetime"])
         self._env_steps_trained = c["num_env_steps_trained_lifetime"]
         self._num_updates = c["num_updates_lifetime"]
         episodes = state.get("episodes") or {}
@@ -471,7 +534,13 @@ class IMPALA:
         group.publish(self.learner.state.params)
 
     def save_to_path(self, path=None) -> str:
-        """Writes a checkpoint to ``path`` (a new temporary directory if None); its path."""
+        """Writes a checkpoint to ``path`` (a new temporary directory if None); its path.
+
+        Over several processes only process 0 writes; the others write nothing and return
+        ``path`` as given ("" for None). It involves no collective: process 0 may save alone.
+        """
+        if not self._primary:
+            return "" if path is None else str(path)
         if path is None:
             path = tempfile.mkdtemp(prefix="impala_jax_checkpoint_")
         state = self.get_state()
@@ -497,18 +566,38 @@ class IMPALA:
         return checkpoint.SaveResult(checkpoint.Checkpoint(path), metrics={})
 
     def restore_from_path(self, path) -> None:
-        arrays, meta = checkpoint.load(checkpoint.path_of(path))
-        learner = [arrays[k] for k in sorted(arrays) if k.startswith("learner_")]
-        replay = [arrays[k] for k in sorted(arrays) if k.startswith("replay_")]
-        self.set_state(
-            {
-                "learner": learner,
-                "replay": replay,
-                "counters": meta["counters"],
-                "episodes": meta.get("episodes"),
-            }
-        )
+        """Restores a checkpoint. Over several processes every process calls it together:
+        process 0 reads ``path`` and sends the state to the others (their ``path`` is not
+        read), so every process restores the same state."""
+        if self._processes > 1:
+            state = self._state_from_process_0(path)
+        else:
+            state = _state_of(*checkpoint.load(checkpoint.path_of(path)))
+        self.set_state(state)
         self._callbacks.call("on_checkpoint_loaded", algorithm=self)
+
+    def _state_from_process_0(self, path) -> dict:
+        loaded = None
+
+        def header():
+            nonlocal loaded
+            loaded = _state_of(*checkpoint.load(checkpoint.path_of(path)))
+            shapes = [[list(np.shape(x)), np.asarray(x).dtype.str] for x in loaded["learner"]]
+            return {k: loaded[k] for k in ("counters", "episodes")} | {"shapes": shapes}
+
+        head = distributed.from_process_0(header, f"process 0's checkpoint {path}")
+        mine, _ = self.learner.state_arrays(replay=False)
+        same = [[list(np.shape(x)), np.asarray(x).dtype.str] for x in mine] == head["shapes"]
+        agreed = distributed.allgather(np.bool_(same), "the checkpoint's shapes")
+        if not agreed.all():
+            differ = [int(i) for i in np.flatnonzero(~agreed)]
+            raise ValueError(
+                f"the checkpoint {path} that process 0 read does not match the network and "
+                f"optimizer of process(es) {differ}: every process must build the same config."
+            )
+        leaves = loaded["learner"] if loaded is not None else mine
+        leaves = distributed.broadcast_tree(leaves, "process 0's checkpoint arrays")
+        return {"learner": leaves, "replay": [], **{k: head[k] for k in ("counters", "episodes")}}
 
     def restore(self, checkpoint_path) -> None:
         """Restores a path, a ``Checkpoint`` or what ``save()`` returned (RLlib's forms)."""
@@ -523,7 +612,12 @@ class IMPALA:
         from impala_jax.envs import check_restorable
 
         path = checkpoint.path_of(path)
-        _, meta = checkpoint.load(path)
+        if jax.process_count() > 1:  # process 0 reads it (restore_from_path)
+            meta = distributed.from_process_0(
+                lambda: checkpoint.load(path)[1], f"process 0's checkpoint {path}"
+            )
+        else:
+            _, meta = checkpoint.load(path)
         config = dict(meta["config"])
         if env is not None:
             config["env"] = env
@@ -556,3 +650,13 @@ class IMPALA:
             self.stop()
         except Exception:
             pass
+
+
+def _state_of(arrays: dict, meta: dict) -> dict:
+    """``set_state``'s dict from what ``checkpoint.load`` returns."""
+    return {
+        "learner": [arrays[k] for k in sorted(arrays) if k.startswith("learner_")],
+        "replay": [arrays[k] for k in sorted(arrays) if k.startswith("replay_")],
+        "counters": meta["counters"],
+        "episodes": meta.get("episodes"),
+    }

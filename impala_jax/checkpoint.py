@@ -53,6 +53,17 @@ def jax_to_numpy(tree):
     return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
+def _local_checkpointer():
+    """orbax's checkpointer for this process alone: over several processes (distributed.py)
+    process 0 writes and reads checkpoints by itself, with no barrier on the others."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    me = jax.process_index()
+    options = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+    return ocp.StandardCheckpointer(multiprocessing_options=options)
+
+
 def save(
     path: str | os.PathLike,
     arrays: dict[str, np.ndarray],
@@ -60,8 +71,6 @@ def save(
     files: dict[str, bytes] | None = None,
 ) -> Path:
     """Writes a checkpoint atomically; ``files`` are extra files (name -> bytes) inside it."""
-    import orbax.checkpoint as ocp
-
     path = Path(path).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
@@ -69,7 +78,7 @@ def save(
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; a checkpoint is an ordinary directory
     try:
-        with ocp.StandardCheckpointer() as ckptr:
+        with _local_checkpointer() as ckptr:
             ckptr.save(tmp / ARRAYS_DIR, arrays)
             ckptr.wait_until_finished()
         with open(tmp / STATE_FILE, "w") as f:
@@ -95,8 +104,6 @@ def save(
 
 
 def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
-    import orbax.checkpoint as ocp
-
     path = Path(path).absolute()
     if not path.exists():
         # A kill between the two renames of save() leaves the previous checkpoint here.
@@ -113,7 +120,7 @@ def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
             meta = json.load(f)
         if meta.get("format") != FORMAT:
             raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
-        with ocp.StandardCheckpointer() as ckptr:
+        with _local_checkpointer() as ckptr:
             arrays = ckptr.restore(path / ARRAYS_DIR)
     except Exception as err:
         raise ValueError(

@@ -61,11 +61,12 @@ def _num(value: Any, fmt: str = ",.0f") -> str:
 class Display:
     """Per-iteration output: a live panel on a terminal, plain lines otherwise, or none (quiet).
 
-    Every mode ends with the same final lines (``final``), on stdout.
+    Every mode ends with the same final lines (``final``), on stdout, except "silent": nothing
+    at all (the processes other than 0 of a multi-process run; errors still go to stderr).
     """
 
     def __init__(self, mode: str, run_dir: Path | None, name: str, stop: dict):
-        self.mode = mode  # "live", "plain" or "quiet"
+        self.mode = mode  # "live", "plain", "quiet" or "silent"
         self.run_dir = run_dir
         self.name = name
         self.stop = stop
@@ -97,7 +98,7 @@ class Display:
         self.result = result
         self._result_time = time.perf_counter()
         self.status = "training"
-        if self.mode == "quiet":
+        if self.mode in ("quiet", "silent"):
             return
         line = self.line(result)
         if self._live is not None:
@@ -119,7 +120,10 @@ class Display:
         )
 
     def note(self, text: str) -> None:
-        """A message that must be seen in every mode (interrupts, warnings): on stderr."""
+        """A message that must be seen in every mode but silent (interrupts, warnings): on
+        stderr."""
+        if self.mode == "silent":
+            return
         if self._live is not None:
             self._live.console.print(text, highlight=False, markup=False)
         else:
@@ -185,5 +189,7 @@ class Display:
 
     def final(self, lines: list[str]) -> None:
         self.close()
+        if self.mode == "silent":
+            return
         for line in lines:
             print(line, flush=True)

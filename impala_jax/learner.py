@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from impala_jax import losses, optim, parallel
 from impala_jax.types import LEARNER_AXIS, Batch, LearnerState
@@ -195,6 +197,10 @@ class Learner:
         self.replay = ()
         self._replay_key = replay_key
         self._warm_up: threading.Thread | None = None
+        # Over several processes: the step compiled ahead of time (warm_up), since running
+        # it there would start collectives from a thread of its own.
+        self._compiled = None
+        self._multiprocess = not NamedSharding(self.mesh, P()).is_fully_addressable
         step = make_learner_step(
             networks, distribution, self.optimizer, opt_spec, loss_spec, step_spec
         )
@@ -245,6 +251,10 @@ class Learner:
             return jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), tree)
 
         def compile_step():
+            if self._multiprocess:
+                lowered = self._step.lower(self.state, device_batch, self.replay, np.int32(0))
+                self._compiled = lowered.compile()
+                return
             out = self._step(
                 copy(self.state), device_batch, copy(self.replay), jnp.zeros((), jnp.int32)
             )
@@ -264,18 +274,21 @@ class Learner:
         self.wait_for_warm_up()  # one compilation, not two racing ones
         if self.step_spec.replay_columns and self.replay == ():
             self.init_replay(device_batch)
-        env_steps = jnp.asarray(env_steps, jnp.int32)
-        self.state, self.replay, metrics = self._step(
-            self.state, device_batch, self.replay, env_steps
-        )
+        if self._multiprocess:  # a host value: the same on every process
+            step, env_steps = self._compiled or self._step, np.int32(env_steps)
+        else:
+            step, env_steps = self._step, jnp.asarray(env_steps, jnp.int32)
+        self.state, self.replay, metrics = step(self.state, device_batch, self.replay, env_steps)
         return metrics
 
-    def state_arrays(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def state_arrays(self, replay: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Host copies of the learner state's leaves (the key as raw key data) and of the
-        replay slots' leaves: what a checkpoint stores."""
+        replay slots' leaves (none with ``replay=False``): what a checkpoint stores. The state
+        is replicated, so one process can read it all even on a mesh over several processes;
+        replay slots are per device, on every process's devices."""
         state = jax.device_get(self.state)
         state = state.replace(key=np.asarray(jax.random.key_data(self.state.key)))
-        replay = jax.device_get(jax.tree.leaves(self.replay))
+        replay = jax.device_get(jax.tree.leaves(self.replay)) if replay else []
         return [np.asarray(x) for x in jax.tree.leaves(state)], [np.asarray(x) for x in replay]
 
     def load_state_arrays(self, leaves: list, replay: list | None) -> None:

@@ -38,6 +38,14 @@ stopped by the stop criteria, in one run directory with Tune's experiment under 
 end one line per trial and the best trial's checkpoint. The file may also set num_samples and
 failure_config. --ray-address joins a running Ray cluster (default: a local Ray with every CPU).
 
+One run over several processes or hosts (impala_jax/distributed.py): start the same command
+in every process with --coordinator HOST:PORT (process 0's address) --num-processes N
+--process-id I, or with none of them under a cluster manager JAX detects (SLURM, Open MPI).
+Process 0 writes the run directory and prints; the others print only errors. --resume needs
+the run directory where every process can read it (a shared filesystem); process 0 reads the
+checkpoint and sends it to the others. A lost process ends the others within
+--collective-timeout seconds, naming it.
+
 Exit status: 0 when a stop criterion is met, 2 for a usage or config error, 130 / 143 after
 SIGINT / SIGTERM, 1 when training fails. A sweep: 0 when every trial terminated, 1 when a trial
 errored or did not finish, 2 for a usage or config error.
@@ -54,7 +62,9 @@ import uuid
 import warnings
 from pathlib import Path
 
-from impala_jax import loggers
+import numpy as np
+
+from impala_jax import distributed, loggers
 from impala_jax.config_checks import find_search_space
 from impala_jax.display import Display
 from impala_jax.experiment import (
@@ -91,6 +101,8 @@ EXAMPLES = """examples:
       -- --num-env-runners=2 --stop-reward=450
   python -m impala_jax.run experiments/cartpole_sweep.py       # a Ray Tune sweep
   python -m impala_jax.run experiments/cartpole_sweep.py --ray-address auto
+  python -m impala_jax.run experiments/cartpole.py --coordinator 10.0.0.1:1234 \
+      --num-processes 2 --process-id 0 learners.num_learners=2   # and --process-id 1
 
 stop keys are slash paths into the result dict, e.g. env_runners/episode_return_mean,
 env_runners/num_env_steps_sampled_lifetime (RLlib's step budget; the same count as the
@@ -181,6 +193,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--wandb-project", default="impala_jax", help="W&B project (default impala_jax)"
     )
+    parser.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="one run over several processes: process 0's address (jax.distributed); with "
+        "--num-processes and --process-id",
+    )
+    parser.add_argument("--num-processes", type=int, metavar="N", help="processes in the run")
+    parser.add_argument("--process-id", type=int, metavar="I", help="this process, 0 to N-1")
+    parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="several processes: how long one waits for the others before it names the "
+        "silent ones and exits (default 60)",
+    )
     # Everything after the first `--` belongs to the experiment file's own parser.
     script_args: list[str] = []
     if "--" in argv:
@@ -203,6 +231,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--checkpoint-freq must be >= 0 and --keep-checkpoints >= 1")
     if args.devices is not None and args.devices < 1:
         parser.error("--devices must be >= 1")
+    given = [args.coordinator, args.num_processes, args.process_id]
+    if any(v is not None for v in given) and any(v is None for v in given):
+        parser.error(
+            "--coordinator, --num-processes and --process-id go together (got "
+            f"{args.coordinator}, {args.num_processes}, {args.process_id}); give all three, or "
+            "none for a single process or JAX's cluster detection"
+        )
+    if args.collective_timeout <= 0:
+        parser.error("--collective-timeout must be > 0 seconds")
     return args
 
 
@@ -299,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         set_jax_environment(args.devices)
         enable_compile_cache(args.compile_cache)
+        _join(args)
         # A sweep's run directory holds Tune's experiment (sweep.TUNE_DIR).
         if args.resume and (Path(args.resume) / "tune").is_dir():
             from impala_jax.sweep import resume_error
@@ -323,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    if args.quiet:
+    if not distributed.is_primary():
+        mode = "silent"  # process 0 speaks for the run
+    elif args.quiet:
         mode = "quiet"
     else:
         mode = "live" if sys.stdout.isatty() else "plain"
@@ -335,8 +375,26 @@ def main(argv: list[str] | None = None) -> int:
             return _train(
                 args, config, stop, run_dir, name, record, resume_from, display, interrupt
             )
+        except distributed.PeerLost as err:
+            display.close()
+            print(f"impala_jax.run: error: {err}", file=sys.stderr)
+            return EXIT_FAILED
         finally:
             display.close()
+
+
+def _join(args) -> None:
+    """Joins a multi-process run (the flags, IMPALA_JAX_* variables or a cluster JAX detects);
+    a single process otherwise."""
+    try:
+        distributed.initialize(
+            args.coordinator,
+            args.num_processes,
+            args.process_id,
+            collective_timeout_s=args.collective_timeout,
+        )
+    except ValueError as err:
+        raise RunError(one_line(err)) from err
 
 
 def _train(args, config, stop, run_dir, name, record, resume_from, display, interrupt) -> int:
@@ -346,9 +404,11 @@ def _train(args, config, stop, run_dir, name, record, resume_from, display, inte
         display.close()
         print(f"impala_jax.run: error: {one_line(err)}", file=sys.stderr)
         return EXIT_USAGE
-    if run_dir is None:  # created only once the config has built: a failed start leaves none
+    primary = distributed.is_primary()  # the other processes of a run write nothing
+    if run_dir is None and primary:  # created once the config has built: a failed start, none
         run_dir = display.run_dir = new_run_dir(args.logdir, name)
-    write_run_files(run_dir, config, record)
+    if primary:
+        write_run_files(run_dir, config, record)
     with algo:
         resume_iteration = resume_steps = None
         if resume_from is not None:
@@ -363,7 +423,11 @@ def _train(args, config, stop, run_dir, name, record, resume_from, display, inte
         wandb = None
         if args.wandb:
             wandb = (loggers.json_safe(config.to_dict()), args.wandb_project, record["wandb_id"])
-        writers = loggers.open_writers(run_dir, name, stop, resume_iteration, resume_steps, wandb)
+        writers = []
+        if primary:
+            writers = loggers.open_writers(
+                run_dir, name, stop, resume_iteration, resume_steps, wandb
+            )
         try:
             return _loop(
                 algo, args, stop, run_dir, display, interrupt, writers, resume_iteration or 0
@@ -373,23 +437,37 @@ def _train(args, config, stop, run_dir, name, record, resume_from, display, inte
                 writer.close()
 
 
+def _agreed_stop(reason: str | None, signum: int | None) -> tuple[str | None, int | None]:
+    """Over several processes: process 0's stop decision, and an interrupt of any process,
+    taken by every process at the same iteration."""
+    if distributed.process_count() == 1:
+        return reason, signum
+    flags = distributed.allgather(np.array([reason is not None, signum or 0]), "the stop decision")
+    if not distributed.is_primary():
+        reason = "process 0 reached a stop criterion" if flags[0, 0] else None
+    elif not flags[0, 0]:
+        reason = None
+    return reason, int(flags[:, 1].max()) or None
+
+
 def _loop(algo, args, stop, run_dir, display, interrupt, writers, iteration: int) -> int:
-    reason, saved_at, result = None, None, None
-    while interrupt.signum is None:
+    reason, saved_at, result, signum = None, None, None, None
+    primary = distributed.is_primary()
+    while True:
         result = algo.train()
         iteration = result["training_iteration"]
-        reason = stop_reached(result, stop)
+        reason, signum = _agreed_stop(stop_reached(result, stop), interrupt.signum)
         result["done"] = reason is not None
         for writer in writers:
             writer.write(result)
         display.update(result)
-        if reason:
+        if reason or signum:
             break
-        if args.checkpoint_freq and iteration % args.checkpoint_freq == 0:
+        if primary and args.checkpoint_freq and iteration % args.checkpoint_freq == 0:
             save_checkpoint(algo, run_dir, iteration, args.keep_checkpoints)
             saved_at = iteration
-    if saved_at == iteration:
-        path = checkpoint_path(run_dir, iteration)
+    if saved_at == iteration or not primary:
+        path = checkpoint_path(run_dir, iteration) if primary else None
     else:
         path = save_checkpoint(algo, run_dir, iteration, args.keep_checkpoints)
     elapsed = time.perf_counter() - display.started
@@ -405,13 +483,13 @@ def _loop(algo, args, stop, run_dir, display, interrupt, writers, iteration: int
         return EXIT_STOPPED
     display.final(
         [
-            f"interrupted by {signal.Signals(interrupt.signum).name} ({at})",
+            f"interrupted by {signal.Signals(signum).name} ({at})",
             f"checkpoint: {path}",
             f"resume with: python -m impala_jax.run --resume {run_dir}",
             f"run directory: {run_dir}",
         ]
     )
-    return 128 + interrupt.signum
+    return 128 + signum
 
 
 if __name__ == "__main__":

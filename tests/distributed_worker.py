@@ -1,17 +1,60 @@
 """One process of a multi-process test (tests/test_distributed.py): ``python -m
-tests.distributed_worker MODE COORDINATOR NUM_PROCESSES PROCESS_ID OUT``."""
+tests.distributed_worker MODE COORDINATOR NUM_PROCESSES PROCESS_ID OUT``.
+
+``COLLECTIVE_TIMEOUT_S`` / ``HEARTBEAT_TIMEOUT_S`` in the environment set
+distributed.initialize's bounds (the lost-peer tests).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import numpy as np
+
+
+def _config(me: int, num_env_runners: int):
+    from impala_jax import IMPALAConfig
+
+    return (
+        IMPALAConfig()
+        .environment("CartPole-v1")
+        .env_runners(
+            num_env_runners=num_env_runners, num_envs_per_env_runner=4, rollout_fragment_length=8
+        )
+        .training(train_batch_size_per_learner=32)
+        .learners(num_learners=2)
+        # Process 0's clock ends each iteration; process 1 follows.
+        .reporting(min_time_s_per_iteration=1.0 if me == 0 else 0)
+        .debugging(seed=3)
+    )
+
+
+def _save_run(out: str, algo, results: list[dict]) -> None:
+    """The params (arr_i), the two iterations' counters and this process's own env steps."""
+    import jax
+
+    leaves = [np.asarray(x) for x in jax.tree.leaves(algo.get_weights())]
+    counts = {
+        key: np.asarray([r[key] for r in results])
+        for key in ("num_env_steps_sampled_lifetime", "num_episodes_lifetime")
+    }
+    updates = [r["learners"]["default_policy"]["num_updates_lifetime"] for r in results]
+    local = algo.env_runner_group.num_env_steps_sampled_lifetime
+    np.savez(out, *leaves, updates=np.asarray(updates), local_steps=np.asarray(local), **counts)
 
 
 def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: str) -> None:
     from impala_jax import distributed
 
-    assert distributed.initialize(coordinator, int(num_processes), int(process_id)) == 2
+    timeouts = {}
+    if os.environ.get("COLLECTIVE_TIMEOUT_S"):
+        timeouts["collective_timeout_s"] = float(os.environ["COLLECTIVE_TIMEOUT_S"])
+    if os.environ.get("HEARTBEAT_TIMEOUT_S"):
+        timeouts["heartbeat_timeout_s"] = int(os.environ["HEARTBEAT_TIMEOUT_S"])
+    n = distributed.initialize(coordinator, int(num_processes), int(process_id), **timeouts)
+    assert n == 2
     import jax
     from jax.sharding import PartitionSpec as P
 
@@ -26,7 +69,7 @@ def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: 
         total = parallel.data_parallel(
             lambda v: jax.lax.psum(v, LEARNER_AXIS), mesh, (P(LEARNER_AXIS),), P()
         )(x)
-        np.save(out, np.asarray(total))
+        np.savez(out, total=np.asarray(total))
     elif mode == "update":
         from tests.test_learner import B, make_learner, random_batch
 
@@ -42,34 +85,34 @@ def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: 
         params = jax.device_get(learner.state.params)
         leaves = [np.asarray(x) for x in jax.tree.leaves(params)]
         np.savez(out, *leaves, total_loss=np.asarray(jax.device_get(metrics["total_loss"])))
-    elif mode == "build":
-        from impala_jax import IMPALAConfig
-
-        config = IMPALAConfig().environment("CartPole-v1").learners(num_learners=2)
-        try:
-            config.build()
-        except ValueError as err:
-            np.save(out, np.asarray("runs only in lockstep so far" in str(err)))
-        else:
-            raise SystemExit("IMPALA built with runner threads over two processes")
-    elif mode == "train":
-        from impala_jax import IMPALAConfig
-
-        config = (
-            IMPALAConfig()
-            .environment("CartPole-v1")
-            .env_runners(num_env_runners=0, num_envs_per_env_runner=4, rollout_fragment_length=8)
-            .training(train_batch_size_per_learner=32)
-            .learners(num_learners=2)
-            # Process 0's clock ends each iteration; process 1 follows.
-            .reporting(min_time_s_per_iteration=1.0 if me == 0 else 0)
-            .debugging(seed=3)
-        )
-        with config.build() as algo:
+    elif mode in ("lockstep", "threads"):
+        # Two iterations; a checkpoint (process 0 writes it); one more iteration, undone by
+        # restoring the checkpoint on both processes.
+        with _config(me, 0 if mode == "lockstep" else 1).build() as algo:
             results = [algo.train() for _ in range(2)]
-            leaves = [np.asarray(x) for x in jax.tree.leaves(algo.get_weights())]
-        updates = [r["learners"]["default_policy"]["num_updates_lifetime"] for r in results]
-        np.savez(out, *leaves, updates=np.asarray(updates))
+            saved_params = [np.asarray(x) for x in jax.tree.leaves(algo.get_weights())]
+            saved_counters = algo.get_state()["counters"]
+            saved = algo.save(str(Path(out).parent / "checkpoint"))
+            algo.train()
+            algo.restore(saved)
+            restored = algo.get_state()["counters"]
+            _save_run(out, algo, results)
+        keys = sorted(saved_counters)
+        with np.load(out) as got:
+            np.savez(
+                out,
+                **dict(got),
+                **{f"saved_{i}": x for i, x in enumerate(saved_params)},
+                saved_counters=np.asarray([saved_counters[k] for k in keys], np.float64),
+                restored_counters=np.asarray([restored[k] for k in keys], np.float64),
+            )
+    elif mode == "loop":
+        # Trains until killed; OUT gets one line per iteration (the test's clock).
+        with _config(me, 0).build() as algo:
+            while True:
+                result = algo.train()
+                with open(out, "a") as f:
+                    f.write(f"{result['training_iteration']}\n")
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 
