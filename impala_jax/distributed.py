@@ -56,6 +56,7 @@ class _Run:
     """This process's multi-process settings (set by `initialize`)."""
 
     collective_timeout_s: float = 60.0
+    heartbeat_timeout_s: float = 10.0
     peer_lost: bool = False
     watchdog: _Watchdog | None = None
 
@@ -79,7 +80,7 @@ def initialize(
     *,
     collective_timeout_s: float = 60.0,
     initialization_timeout_s: int = 300,
-    heartbeat_timeout_s: int = 30,
+    heartbeat_timeout_s: int = 10,
 ) -> int:
     """Joins this process to a multi-process run; returns the number of processes.
 
@@ -90,12 +91,19 @@ def initialize(
     peer's batch, process 0's checkpoint save); past it the watchdog ends this process with a
     message naming the silent processes. ``initialization_timeout_s`` bounds the wait for
     every process to join; ``heartbeat_timeout_s`` is how long the coordinator waits for a
-    silent (hung) process before it counts it as lost.
+    silent process before it counts it as lost: a killed process is named about that long
+    after the collective it broke failed (JAX's default, 100 s, is longer).
     """
     import jax
     from jax._src import xla_bridge
 
+    if _client() is not None:  # joined already (a second call): nothing more to do
+        return jax.process_count()
+    asked = (coordinator_address, num_processes, process_id)
+    asked += tuple(map(_from_env, (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID)))
     if xla_bridge.backends_are_initialized():
+        if all(v is None for v in asked):  # e.g. the CLI's main() called in a JAX program
+            return jax.process_count()
         raise RuntimeError(
             "impala_jax.distributed.initialize() must come before anything uses JAX (before "
             "build(), jax.devices(), any computation): JAX has started its backends already."
@@ -147,6 +155,7 @@ def initialize(
             )
         jax.distributed.initialize(coordinator_address, num_processes, process_id, **timeouts)
     _Run.collective_timeout_s = float(collective_timeout_s)
+    _Run.heartbeat_timeout_s = float(heartbeat_timeout_s)
     if jax.process_count() > 1:
         _Run.watchdog = _Watchdog()
         # Runs before JAX's own shutdown (atexit is last-in first-out): process 0 keeps the
@@ -178,18 +187,28 @@ def _client():
     return distributed.global_state.client
 
 
-def lost_processes() -> list[int] | None:
-    """The processes the coordinator no longer counts as alive; None when the coordinator
-    itself (process 0) cannot be reached."""
+def lost_processes(timeout_s: float = 5.0) -> list[int] | None:
+    """The processes the coordinator no longer counts as alive; None when that is not known
+    within ``timeout_s`` (the coordinator, process 0, is gone, or a live process hangs: the
+    coordinator answers once every live process asks)."""
     client = _client()
     if client is None:
         return []
     count = process_count()
-    try:
-        live = client.get_live_nodes(list(range(count)))
-    except Exception:
+    answer: list = []
+
+    def ask() -> None:
+        try:
+            answer.append(client.get_live_nodes(list(range(count))))
+        except Exception:
+            pass
+
+    thread = threading.Thread(target=ask, name="impala_jax-live-processes", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not answer:
         return None
-    return [i for i in range(count) if i not in live]
+    return [i for i in range(count) if i not in answer[0]]
 
 
 def _behind() -> str:
@@ -213,8 +232,12 @@ def _behind() -> str:
 def describe_loss(what: str, waited_s: float | None = None) -> str:
     """The message for a lost peer: which process, during what, and how to go on."""
     me, count = process_index(), process_count()
-    lost = lost_processes()
-    if lost is None:
+    # A hung process (the watchdog's case) would keep the coordinator from answering; a dead
+    # one does until the coordinator misses its heartbeats (heartbeat_timeout_s).
+    lost = [] if waited_s is not None else lost_processes(_Run.heartbeat_timeout_s + 5)
+    if lost is None and me == 0:
+        who = "a collective failed and the coordinator could not say which process is gone"
+    elif lost is None:
         who = "process 0 (the coordinator) cannot be reached"
     elif lost:
         names = ", ".join(str(i) for i in lost)
@@ -423,9 +446,11 @@ def _exit_barrier() -> None:
         if not is_primary():
             jax.distributed.shutdown()
             return
-        others = list(range(1, process_count()))
         deadline = time.monotonic() + bound_s
-        while time.monotonic() < deadline and client.get_live_nodes(others):
+        while time.monotonic() < deadline:
+            lost = lost_processes(timeout_s=max(0.1, deadline - time.monotonic()))
+            if lost is not None and len(lost) == process_count() - 1:
+                break  # every other process has disconnected
             time.sleep(0.05)
     except Exception as err:
         print(f"impala_jax: the other processes did not reach the exit: {err}", file=sys.stderr)

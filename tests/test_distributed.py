@@ -3,10 +3,13 @@ over both with half the batch each equal to the one-process update on the whole 
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -113,7 +116,9 @@ def test_learner_update_over_two_processes_equals_one_process(tmp_path):
 
 def test_initialize_checks_its_arguments_and_defaults_to_one_process():
     code = """
+import json
 import os
+import signal
 from impala_jax import distributed
 for args, needle in [
     (("nohost", 2, 0), "HOST:PORT"),
@@ -127,6 +132,12 @@ for args, needle in [
         assert needle in str(err), (args, err)
     else:
         raise AssertionError(args)
+try:
+    distributed.initialize("127.0.0.1:1234", 2, 0, collective_timeout_s=0)
+except ValueError as err:
+    assert "collective_timeout_s=0 must be > 0" in str(err), err
+else:
+    raise AssertionError("collective_timeout_s=0")
 os.environ["IMPALA_JAX_NUM_PROCESSES"] = "two"
 try:
     distributed.initialize()
@@ -136,8 +147,9 @@ del os.environ["IMPALA_JAX_NUM_PROCESSES"]
 assert distributed.initialize() == 1  # no cluster found: one process
 import jax
 assert jax.process_count() == 1 and distributed.is_primary()
+assert distributed.initialize() == 1  # nothing to join: a JAX program calling the CLI's main
 try:
-    distributed.initialize()
+    distributed.initialize("127.0.0.1:1234", 2, 0)
 except RuntimeError as err:
     assert "before anything uses JAX" in str(err)
 else:
@@ -179,3 +191,131 @@ def test_training_over_two_processes_keeps_them_identical_and_counts_both(tmp_pa
     # Process 0 wrote the checkpoint, once.
     assert (tmp_path / "checkpoint" / "state.json").is_file()
     assert not list(tmp_path.glob(".checkpoint*"))
+
+
+def _start_loop(tmp_path: Path, **env) -> list[subprocess.Popen]:
+    """Two lockstep trainers that run until killed; returns once both finished 2 iterations."""
+    commands = _worker("loop", 2, f"127.0.0.1:{_free_port()}", tmp_path)
+    procs = _start(commands, _env() | env, tmp_path / "logs")
+    deadline = time.monotonic() + PROCESS_TIMEOUT_S
+    outs = [tmp_path / f"out_{i}.npz" for i in range(2)]
+    while not all(out.exists() and len(out.read_text().split()) >= 2 for out in outs):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            logs = [(tmp_path / "logs" / f"process_{i}.log").read_text()[-2000:] for i in (0, 1)]
+            _kill(procs)
+            pytest.fail(f"the two trainers did not get going: {logs}")
+        time.sleep(0.2)
+    return procs
+
+
+def _survivor_exit(proc: subprocess.Popen, log: Path, bound_s: float) -> tuple[int, float, str]:
+    started = time.monotonic()
+    try:
+        proc.wait(timeout=bound_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the surviving process still runs {bound_s} s after its peer was lost")
+    return proc.returncode, time.monotonic() - started, log.read_text()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_killed_process_ends_the_other_at_once_naming_it(tmp_path, victim):
+    procs = _start_loop(tmp_path, COLLECTIVE_TIMEOUT_S="30")
+    try:
+        procs[victim].send_signal(signal.SIGKILL)
+        survivor = 1 - victim
+        log = tmp_path / "logs" / f"process_{survivor}.log"
+        rc, waited, output = _survivor_exit(procs[survivor], log, 25)
+        assert rc != 0, output[-3000:]
+        if victim == 1:  # process 0 names it (PeerLost); the coordinator lives on in it
+            assert "PeerLost" in output and "process 1 of 2 is gone" in output, output[-3000:]
+            assert "--resume" in output
+        else:  # the coordinator is gone: ours or JAX's own fatal error says so
+            assert (
+                "process 0 (the coordinator) cannot be reached" in output
+                or "leader task was preempted/died" in output
+            ), output[-3000:]
+    finally:
+        _kill(procs)
+
+
+@pytest.mark.timeout(300)
+def test_a_hung_process_ends_the_other_through_the_watchdog_naming_it(tmp_path):
+    # SIGSTOP: process 1 keeps its connections but never joins the next collective.
+    procs = _start_loop(tmp_path, COLLECTIVE_TIMEOUT_S="4", HEARTBEAT_TIMEOUT_S="120")
+    try:
+        procs[1].send_signal(signal.SIGSTOP)
+        rc, waited, output = _survivor_exit(procs[0], tmp_path / "logs" / "process_0.log", 60)
+        assert rc == 1, output[-3000:]
+        assert waited >= 3, waited  # not before its bound (4 s, from the wait's start)
+        assert "process 1 (at collective" in output and "did not join for" in output, output
+        assert "collective_timeout_s=4" in output
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+        _kill(procs)
+
+
+def _cli(tmp_path: Path, coordinator: str, *args: str) -> list[list[str]]:
+    small = [
+        "learners.num_learners=2",
+        "env_runners.num_envs_per_env_runner=16",
+        "training.train_batch_size_per_learner=160",
+        "training.minibatch_size=160",
+    ]
+    return [
+        [sys.executable, "-m", "impala_jax.run", *args, *small, "--coordinator", coordinator]
+        + ["--num-processes", "2", "--process-id", str(i), "--compile-cache", "none"]
+        for i in range(2)
+    ]
+
+
+def _results(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "result.json").read_text().splitlines()]
+
+
+@pytest.mark.timeout(600)
+def test_cli_over_two_processes_killed_and_resumed(tmp_path):
+    """Process 0 alone writes the run directory and prints; a killed process ends the other
+    with its name; --resume on both goes on from the newest checkpoint."""
+    logdir = tmp_path / "runs"
+    experiment = str(REPO / "experiments" / "cartpole.py")
+    first = _cli(tmp_path, f"127.0.0.1:{_free_port()}", experiment, "--logdir", str(logdir))
+    first = [cmd + ["--stop", "training_iteration=1000", "--checkpoint-freq", "1"] for cmd in first]
+    procs = _start(first, _env(), tmp_path / "logs")
+    try:
+        deadline = time.monotonic() + PROCESS_TIMEOUT_S
+        while not list(logdir.glob("*/checkpoint_000002")):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                pytest.fail((tmp_path / "logs" / "process_0.log").read_text()[-3000:])
+            time.sleep(0.2)
+        procs[1].kill()
+        rc, waited, output = _survivor_exit(procs[0], tmp_path / "logs" / "process_0.log", 45)
+        print("survivor exited after", waited)
+        assert rc == 1 and "process 1 of 2 is gone" in output, output[-3000:]
+    finally:
+        _kill(procs)
+    (run_dir,) = logdir.iterdir()  # one run directory, process 0's
+    silent = (tmp_path / "logs" / "process_1.log").read_text()
+    assert "iter " not in silent and "run directory" not in silent, silent
+    newest = max(int(p.name.split("_")[1]) for p in run_dir.glob("checkpoint_*"))
+    with open(run_dir / f"checkpoint_{newest:06d}" / "state.json") as f:
+        saved = json.load(f)["counters"]
+
+    second = _cli(tmp_path, f"127.0.0.1:{_free_port()}", "--resume", str(run_dir))
+    second = [cmd + ["--stop", f"training_iteration={newest + 2}"] for cmd in second]
+    procs = _start(second, _env(), tmp_path / "logs_resumed")
+    try:
+        outputs = _wait(procs, tmp_path / "logs_resumed")
+    finally:
+        _kill(procs)
+    assert f"resumed from {run_dir / f'checkpoint_{newest:06d}'}" in outputs[0]
+    assert "iter " not in outputs[1]
+    results = _results(run_dir)
+    iterations = [r["training_iteration"] for r in results]
+    assert iterations == list(range(1, newest + 3)), iterations  # no duplicate, none lost
+    resumed = results[newest:]
+    assert resumed[0]["num_env_steps_sampled_lifetime"] > saved["num_env_steps_sampled_lifetime"]
+    assert resumed[0]["num_episodes_lifetime"] >= saved["num_episodes_lifetime"]
+    assert list(logdir.iterdir()) == [run_dir]
