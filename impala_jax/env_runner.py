@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from impala_jax.callbacks import EpisodeCallbacks
@@ -54,12 +55,20 @@ class ParamStore:
         self._params = self._to_actor(params)
 
     def _to_actor(self, params):
-        # A copy, never an alias: the learner donates its buffers on the next step. Over
-        # several processes the params are replicated global arrays: this process's copy.
-        params = jax.tree.map(
-            lambda x: x if x.is_fully_addressable else x.addressable_data(0), params
-        )
-        return jax.device_put(params, self._device, may_alias=False)
+        # A copy, never an alias: the learner donates its buffers on the next step.
+        return jax.tree.map(self._copy_leaf, params)
+
+    def _copy_leaf(self, x):
+        # The params are replicated over the learner devices (over several processes: global
+        # arrays); start from the copy on the actor's device when there is one. device_put of
+        # a replicated array onto one of its devices returns that device's buffer even with
+        # may_alias=False (JAX 0.10), so a same-device copy is made explicitly.
+        if not isinstance(x, jax.Array):
+            return jax.device_put(x, self._device)
+        shards = {shard.device: shard.data for shard in x.addressable_shards}
+        if self._device in shards:
+            return jnp.copy(shards[self._device])
+        return jax.device_put(x.addressable_data(0), self._device, may_alias=False)
 
     def publish(self, params) -> None:
         params = self._to_actor(params)

@@ -243,3 +243,20 @@ def test_evaluate_on_a_fresh_algorithm_with_episodes_or_timesteps():
     with config.build() as algo:
         result = algo.evaluate()["env_runners"]
     assert result["num_env_steps_sampled"] >= 40
+
+
+def test_runner_threads_with_two_learner_devices_keep_their_params():
+    # The actors' params are copies: the learner step donates its state on both devices.
+    # (A copy by device_put of the replicated params would alias device 0's buffer, and
+    # every runner would fail on its next act with a deleted buffer.)
+    config = (
+        small_config(num_env_runners=2)
+        .learners(num_learners=2)
+        .fault_tolerance(restart_failed_env_runners=False)
+    )
+    with config.build() as algo:
+        for _ in range(3):
+            result = algo.train()
+        assert result["fault_tolerance"]["num_env_runner_failures"] == 0
+        assert result["fault_tolerance"]["num_healthy_workers"] == 2
+        assert algo.param_store.version > 1  # published params were acted on
