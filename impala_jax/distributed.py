@@ -14,11 +14,14 @@ runner failure anywhere stops all of them with that process's error instead of l
 others in a collective; process 0 decides when an iteration and the run end. Results count and
 pool over all processes; process 0 alone writes files and checkpoints and evaluates.
 
-A lost peer: every wait in a collective is watched (``collective_timeout_s``). A peer that
-exits or is killed breaks the collective at once and the others stop with `PeerLost` naming
-it; one that hangs is found by the watchdog, which names the processes the coordinator no
-longer hears from and exits the process (a thread cannot leave a hung collective otherwise).
-Losing process 0 (the coordinator) ends the others through JAX's own fatal error.
+A lost peer: a peer that exits or is killed breaks the collective it was in, and the others
+stop with `PeerLost` naming it once the coordinator has missed its heartbeats
+(``heartbeat_timeout_s``); every wait for the others is also watched (``collective_timeout_s``),
+and a peer that hangs is named by the watchdog (from the collective counts each process posts
+to the coordinator), which then ends this process: a thread cannot leave a hung collective.
+Losing process 0 (the coordinator) ends the others through JAX's own fatal error. JAX's
+recoverability mode is on, so that a lost peer fails the others' collectives instead of
+aborting them from C++; in exchange every process waits for the others at exit (bounded).
 
 CPU processes use gloo collectives (the test setup: two processes on 127.0.0.1); GPUs use NCCL.
 This module imports JAX only inside its functions, and nothing imports it at ``import

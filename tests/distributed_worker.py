@@ -17,7 +17,7 @@ import numpy as np
 def _config(me: int, num_env_runners: int):
     from impala_jax import IMPALAConfig
 
-    return (
+    config = (
         IMPALAConfig()
         .environment("CartPole-v1")
         .env_runners(
@@ -29,10 +29,13 @@ def _config(me: int, num_env_runners: int):
         .reporting(min_time_s_per_iteration=1.0 if me == 0 else 0)
         .debugging(seed=3)
     )
+    if num_env_runners:  # with threads, also an evaluation (process 0's, sent to both)
+        config.evaluation(evaluation_interval=2, evaluation_duration=3)
+    return config
 
 
 def _save_run(out: str, algo, results: list[dict]) -> None:
-    """The params (arr_i), the two iterations' counters and this process's own env steps."""
+    """The params (arr_i), the iterations' counters and the last one's evaluation."""
     import jax
 
     leaves = [np.asarray(x) for x in jax.tree.leaves(algo.get_weights())]
@@ -41,8 +44,11 @@ def _save_run(out: str, algo, results: list[dict]) -> None:
         for key in ("num_env_steps_sampled_lifetime", "num_episodes_lifetime")
     }
     updates = [r["learners"]["default_policy"]["num_updates_lifetime"] for r in results]
-    local = algo.env_runner_group.num_env_steps_sampled_lifetime
-    np.savez(out, *leaves, updates=np.asarray(updates), local_steps=np.asarray(local), **counts)
+    evaluated = results[-1].get("evaluation", {}).get("env_runners", {})
+    counts["evaluation_returns"] = np.asarray(
+        [evaluated.get(k, np.nan) for k in ("episode_return_mean", "num_episodes")]
+    )
+    np.savez(out, *leaves, updates=np.asarray(updates), **counts)
 
 
 def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: str) -> None:

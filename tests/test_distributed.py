@@ -186,6 +186,9 @@ def test_training_over_two_processes_keeps_them_identical_and_counts_both(tmp_pa
         for key in ("num_env_steps_sampled_lifetime", "num_episodes_lifetime"):
             np.testing.assert_array_equal(a[key], b[key])
         assert a["num_episodes_lifetime"][-1] > 0
+        if mode == "threads":  # process 0 evaluated; process 1 reports the same
+            np.testing.assert_array_equal(a["evaluation_returns"], b["evaluation_returns"])
+            assert a["evaluation_returns"][1] == 3
         if mode == "lockstep":  # each update: 2 learners x 32 env steps, half per process
             np.testing.assert_array_equal(a["num_env_steps_sampled_lifetime"], a["updates"] * 64)
     # Process 0 wrote the checkpoint, once.
