@@ -21,6 +21,7 @@ BENCHMARKS = [
     ("time_to_450", ["-m", "benchmarks.time_to_450"], 600),
     ("end_to_end_pong", ["-m", "benchmarks.end_to_end", "--env", "pong"], 300),
     ("tune_overhead", ["-m", "benchmarks.tune_overhead"], 600),
+    ("processes", ["-m", "benchmarks.processes"], 600),
 ]
 
 
@@ -100,6 +101,20 @@ def summarize(results: dict) -> list[dict]:
                 f"(+{tune_overhead['median_overhead_s']:.1f} s); training "
                 f"{tune_overhead['median_train_s_tune']:.1f} s vs "
                 f"{tune_overhead['median_train_s_direct']:.1f} s",
+                "met": None,
+            }
+        )
+    processes = results.get("processes")
+    if processes:
+        rows.append(
+            {
+                "goal": "one run over two processes vs one process, same envs (report)",
+                "value": ", ".join(
+                    f"{name}: {c['two_processes_env_steps_per_s']:,.0f} vs "
+                    f"{c['one_process_env_steps_per_s']:,.0f} env steps/s "
+                    f"({c['two_vs_one']:.2f}x)"
+                    for name, c in processes["cases"].items()
+                ),
                 "met": None,
             }
         )
