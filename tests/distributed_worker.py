@@ -112,6 +112,26 @@ def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: 
                 saved_counters=np.asarray([saved_counters[k] for k in keys], np.float64),
                 restored_counters=np.asarray([restored[k] for k in keys], np.float64),
             )
+    elif mode == "runner_failure":
+        # Only process 1's envs fail (their seeds start at PROCESS_SEED_STRIDE): both stop.
+        from impala_jax.algorithm import PROCESS_SEED_STRIDE
+        from impala_jax.env_runner_group import EnvRunnerFailure
+        from tests.fake_envs import SeededFault
+
+        config = (
+            _config(me, 1)
+            .environment(SeededFault, env_config={"from_seed": PROCESS_SEED_STRIDE})
+            .evaluation(evaluation_interval=None)
+            .fault_tolerance(restart_failed_env_runners=False)
+        )
+        with config.build() as algo:
+            try:
+                for _ in range(30):
+                    algo.train()
+            except EnvRunnerFailure as err:
+                np.savez(out, message=np.asarray(str(err)), iteration=algo.iteration)
+            else:
+                raise SystemExit("no runner failure in 30 iterations")
     elif mode == "loop":
         # Trains until killed; OUT gets one line per iteration (the test's clock).
         with _config(me, 0).build() as algo:

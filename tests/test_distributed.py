@@ -196,6 +196,18 @@ def test_training_over_two_processes_keeps_them_identical_and_counts_both(tmp_pa
     assert not list(tmp_path.glob(".checkpoint*"))
 
 
+@pytest.mark.timeout(300)
+def test_a_runner_failure_in_one_process_stops_both_with_its_error(tmp_path):
+    a, b = (np.load(out) for out in _run_processes("runner_failure", tmp_path))
+    with a, b:
+        assert "injected runner failure" in str(b["message"])  # process 1's own error
+        # Process 0 was not left waiting in a collective: it stopped at the same update.
+        message = str(a["message"])
+        assert "process 1 of 2 could not produce its train batch" in message, message
+        assert "injected runner failure" in message
+        assert a["iteration"] == b["iteration"]
+
+
 def _start_loop(tmp_path: Path, **env) -> list[subprocess.Popen]:
     """Two lockstep trainers that run until killed; returns once both finished 2 iterations."""
     commands = _worker("loop", 2, f"127.0.0.1:{_free_port()}", tmp_path)
