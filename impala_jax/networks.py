@@ -517,14 +517,22 @@ def _action_layout(action_space: gym.Space) -> tuple[int, bool]:
     raise ValueError(f"Action space {action_space} is not supported: use Discrete(n) or a 1-D Box.")
 
 
-def make_networks(
-    model_config: Mapping[str, Any] | None, observation_space: gym.Space, action_space: gym.Space
-) -> Networks:
-    """Builds the encoder(s) and heads described by `model_config` for the given spaces."""
-    # Missing keys take RLlib's defaults; keys we do not use (other RLlib ones) are ignored.
-    config = {**DEFAULT_MODEL_CONFIG, **dict(model_config or {})}
-    if config["use_lstm"]:
-        raise ValueError("model_config['use_lstm']=True is not supported yet; set it to False.")
+class NetworkParts(NamedTuple):
+    """The Flax modules of one model_config for given spaces (networks and recurrent use them)."""
+
+    preprocess: Callable[[jax.Array], jax.Array]
+    encoder: nn.Module
+    vf_encoder: nn.Module | None  # None: the value function shares `encoder` (vf_share_layers)
+    pi_head: nn.Module
+    vf_head: nn.Module
+    dist_size: int
+    dummy_obs: jax.Array  # [1, *obs_shape] in the dtype JAX holds the env's observations in
+
+
+def parts(
+    config: Mapping[str, Any], observation_space: gym.Space, action_space: gym.Space
+) -> NetworkParts:
+    """The encoder(s) and heads of a full model config (every DefaultModelConfig key set)."""
     fusion = {k: v for k, v in config.items() if k.startswith("fusionnet_")}
     if any(v != DEFAULT_MODEL_CONFIG[k] for k, v in fusion.items()):
         raise ValueError(
@@ -532,7 +540,6 @@ def make_networks(
             "the encoders of multi-part observations, which impala_jax does not have (Box and "
             "Discrete observations only); leave them at their defaults."
         )
-
     encoder_name = _resolve_encoder(config["encoder"], observation_space)
     num_outputs, gaussian = _action_layout(action_space)
     head_activation = _activation(config["head_fcnet_activation"], "head_fcnet_activation")
@@ -541,10 +548,6 @@ def make_networks(
     log_std_clip = config["log_std_clip_param"]
     log_std_clip = None if log_std_clip is None else float(log_std_clip)
     shared = bool(config["vf_share_layers"])
-
-    preprocess = _make_preprocess(observation_space)
-    encoder = _make_encoder(encoder_name, config)
-    vf_encoder = None if shared else _make_encoder(encoder_name, config)
     head_layernorm = bool(config["head_fcnet_use_layernorm"])
     head_inits = _inits(config, "head_fcnet", head=True)
     pi_head = PolicyHead(
@@ -557,13 +560,32 @@ def make_networks(
         head_layernorm,
         head_inits,
     )
-    vf_head = ValueHead(head_hiddens, head_activation, head_layernorm, head_inits)
-    dist_size = 2 * num_outputs if gaussian else num_outputs
-
-    # The dtype the env delivers, as JAX holds it (int64 becomes int32 without x64).
-    dummy_obs = jnp.zeros(
-        (1, *observation_space.shape), jax.dtypes.canonicalize_dtype(observation_space.dtype)
+    return NetworkParts(
+        preprocess=_make_preprocess(observation_space),
+        encoder=_make_encoder(encoder_name, config),
+        vf_encoder=None if shared else _make_encoder(encoder_name, config),
+        pi_head=pi_head,
+        vf_head=ValueHead(head_hiddens, head_activation, head_layernorm, head_inits),
+        dist_size=2 * num_outputs if gaussian else num_outputs,
+        # The dtype the env delivers, as JAX holds it (int64 becomes int32 without x64).
+        dummy_obs=jnp.zeros(
+            (1, *observation_space.shape),
+            jax.dtypes.canonicalize_dtype(observation_space.dtype),
+        ),
     )
+
+
+def make_networks(
+    model_config: Mapping[str, Any] | None, observation_space: gym.Space, action_space: gym.Space
+) -> Networks:
+    """Builds the encoder(s) and heads described by `model_config` for the given spaces."""
+    # Missing keys take RLlib's defaults; keys we do not use (other RLlib ones) are ignored.
+    config = {**DEFAULT_MODEL_CONFIG, **dict(model_config or {})}
+    if config["use_lstm"]:
+        raise ValueError("model_config['use_lstm']=True is not supported yet; set it to False.")
+    p = parts(config, observation_space, action_space)
+    preprocess, encoder, vf_encoder = p.preprocess, p.encoder, p.vf_encoder
+    pi_head, vf_head, dummy_obs = p.pi_head, p.vf_head, p.dummy_obs
 
     def init(key: jax.Array) -> Params:
         k_enc, k_pi, k_vf, k_vf_enc = jax.random.split(key, 4)
@@ -585,4 +607,4 @@ def make_networks(
         value = vf_head.apply({"params": params["vf"]}, features)
         return dist_inputs, value
 
-    return Networks(init=init, apply=apply, dist_size=dist_size)
+    return Networks(init=init, apply=apply, dist_size=p.dist_size)
