@@ -32,6 +32,7 @@ from impala_jax.metrics import EpisodeStats, SysUsage, Timers, merge_timers, tra
 from impala_jax.metrics_logger import MetricsLogger, deep_merge
 from impala_jax.module import DEFAULT_MODULE_ID, Module
 from impala_jax.networks import make_networks
+from impala_jax.recurrent import RecurrentActor, make_recurrent_networks, num_chunks
 from impala_jax.types import Trajectory
 
 # Learner updates in a row with non-finite gradients (each skipped) before train() gives up.
@@ -108,9 +109,15 @@ class IMPALA(Checkpointable):
         act_space = config.action_space or probe.action_space
         probe.close()
         self.observation_space, self.action_space = obs_space, act_space
-        self.networks = make_networks(config.model_config, obs_space, act_space)
         self.distribution = make_distribution(act_space, config.model_config)
-        self._act, self._act_greedy = make_act_fns(self.networks, self.distribution)
+        self.recurrent = bool(config.model_config["use_lstm"])  # recurrent.py
+        if self.recurrent:
+            self.networks = make_recurrent_networks(config.model_config, obs_space, act_space)
+            actor = RecurrentActor(self.networks, self.distribution, self.networks.max_seq_len)
+            self._act, self._act_greedy = actor, actor.greedy
+        else:
+            self.networks = make_networks(config.model_config, obs_space, act_space)
+            self._act, self._act_greedy = make_act_fns(self.networks, self.distribution)
         self._adapter = ActionAdapter(
             act_space, config.normalize_actions, config.clip_actions, str(config.env)
         )
@@ -136,6 +143,7 @@ class IMPALA(Checkpointable):
             observation_space=obs_space,
             seed=seed,
             batch_columns=self.step_spec.columns * len(local),
+            action_space=act_space,
         )
         self.env_runner_group = group
         self.param_store = group.param_store
@@ -178,6 +186,16 @@ class IMPALA(Checkpointable):
         T, B, obs_space = self._T, columns, self.observation_space
         discrete = isinstance(self.action_space, gym.spaces.Discrete)
         action_shape = () if discrete else self.action_space.shape
+        recurrent = {}
+        if self.recurrent:
+            K = num_chunks(T, self.networks.max_seq_len)
+            state = self._act.initial_state(B)
+            recurrent = dict(
+                core_state=jax.tree.map(lambda x: np.zeros((K, *x.shape), x.dtype), state),
+                prev_action=np.zeros((T + 1, B, *action_shape), action_dtype),
+                prev_reward=np.zeros((T + 1, B), np.float32),
+                reset=np.zeros((T + 1, B), bool),
+            )
         return Trajectory(
             obs=np.zeros((T + 1, B, *obs_space.shape), obs_space.dtype),
             action=np.zeros((T, B, *action_shape), action_dtype),
@@ -187,6 +205,7 @@ class IMPALA(Checkpointable):
             truncated=np.zeros((T, B), bool),
             valid=np.zeros((T, B), np.float32),
             param_version=np.zeros(B, np.int32),
+            **recurrent,
         )
 
     @property
@@ -438,6 +457,12 @@ class IMPALA(Checkpointable):
 
     def compute_actions(self, obs, explore: bool = False) -> np.ndarray:
         """Env actions for a batch of observations with the newest params."""
+        if self.recurrent:
+            raise ValueError(
+                "compute_actions is for feedforward policies; a recurrent one (use_lstm) needs "
+                "its state: compute_single_action(obs, state=..., prev_action=..., "
+                "prev_reward=...), starting from get_initial_state()."
+            )
         params, _ = self.param_store.get()
         obs = np.asarray(obs)
         if explore:
@@ -448,8 +473,49 @@ class IMPALA(Checkpointable):
         action = np.asarray(action)
         return self._adapter(action, len(obs))
 
-    def compute_single_action(self, obs, explore: bool = False):
-        return self.compute_actions(np.asarray(obs)[None], explore=explore)[0]
+    def compute_single_action(
+        self, obs, state=None, prev_action=None, prev_reward=None, explore: bool = False
+    ):
+        """One env's action. A recurrent policy (use_lstm) returns ``(action, state_out,
+        extra)`` as RLlib's does: pass ``state`` (``get_initial_state()`` at an episode's
+        start, then each call's ``state_out``) and the previous action and reward (None: 0,
+        as at an episode's start); ``extra["action_dist_inputs"]`` holds the distribution's
+        inputs."""
+        if not self.recurrent:
+            if state is not None or prev_action is not None or prev_reward is not None:
+                raise ValueError(
+                    "state / prev_action / prev_reward are for recurrent policies "
+                    "(model_config use_lstm=True); this one is feedforward."
+                )
+            return self.compute_actions(np.asarray(obs)[None], explore=explore)[0]
+        params, _ = self.param_store.get()
+        state = self.get_initial_state() if state is None else state
+        discrete = isinstance(self.action_space, gym.spaces.Discrete)
+        if prev_action is None:
+            prev_action = 0 if discrete else np.zeros(self.action_space.shape, np.float32)
+        prev_action = np.asarray(prev_action, np.int32 if discrete else np.float32)
+        carry = (
+            jax.tree.map(lambda x: np.asarray(x)[None], state),
+            prev_action[None],
+            np.asarray([prev_reward or 0.0], np.float32),
+            np.zeros(1, bool),
+        )
+        obs = np.asarray(obs)[None]
+        if explore:
+            self._actor_key, key = jax.random.split(self._actor_key)
+            action, dist_inputs, _, state_out = self._act(params, obs, key, carry)
+        else:
+            action, dist_inputs, state_out = self._act_greedy(params, obs, carry)
+        action = self._adapter(np.asarray(action), 1)[0]
+        state_out = jax.tree.map(lambda x: np.asarray(x)[0], state_out)
+        return action, state_out, {"action_dist_inputs": np.asarray(dist_inputs)[0]}
+
+    def get_initial_state(self):
+        """A recurrent policy's state for one env at an episode's start (RLlib's
+        ``get_initial_state``); ``{}`` for a feedforward policy."""
+        if not self.recurrent:
+            return {}
+        return jax.tree.map(lambda x: x[0], self._act.initial_state(1))
 
     @property
     def iteration(self) -> int:
@@ -465,6 +531,12 @@ class IMPALA(Checkpointable):
         None for an unknown module id, as in RLlib."""
         if module_id != DEFAULT_MODULE_ID:
             return None
+        if self.recurrent:
+            raise ValueError(
+                "get_module() serves feedforward policies (forward_inference on observations "
+                "alone); a recurrent one (use_lstm) acts through compute_single_action(obs, "
+                "state=..., prev_action=..., prev_reward=...) from get_initial_state()."
+            )
         return Module(self.networks, self.distribution, self.param_store)
 
     def get_weights(self, policies: list[str] | None = None) -> dict:

@@ -11,6 +11,7 @@ import queue
 import threading
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
 from impala_jax.metrics import Timers
@@ -84,16 +85,15 @@ class Batcher:
 
 
 def _columns(traj: Trajectory, cols: slice) -> Trajectory:
-    return Trajectory(*(x[cols] if x.ndim == 1 else x[:, cols] for x in traj))
+    return jax.tree.map(lambda x: x[cols] if x.ndim == 1 else x[:, cols], traj)
 
 
 def stack(parts: list[Trajectory]) -> Trajectory:
-    """Concatenates fragments along B (param_version is [B], the rest time-major)."""
+    """Concatenates fragments along B (param_version is [B], the rest time-major, a recurrent
+    core_state [K, B, ...] too)."""
     if len(parts) == 1:
         return parts[0]
-    return Trajectory(
-        *(np.concatenate(xs, axis=0 if xs[0].ndim == 1 else 1) for xs in zip(*parts, strict=True))
-    )
+    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0 if xs[0].ndim == 1 else 1), *parts)
 
 
 class Loader:

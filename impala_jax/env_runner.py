@@ -96,6 +96,17 @@ class _Group:
         self.prev_done = np.zeros(n, bool)  # obs is a final observation: next row is a reset row
         self.episode_return = np.zeros(n, np.float64)
         self.episode_len = np.zeros(n, np.int64)
+        # A recurrent policy's (core state, prev action, prev reward, reset) per env.
+        self.carry = None
+
+
+def initial_carry(actor, n: int, action_space):
+    """A recurrent actor's carry for ``n`` fresh envs: zero state, every row a reset row."""
+    discrete = not getattr(action_space, "shape", ())
+    prev_action = (
+        np.zeros(n, np.int32) if discrete else np.zeros((n, *action_space.shape), np.float32)
+    )
+    return actor.initial_state(n), prev_action, np.zeros(n, np.float32), np.ones(n, bool)
 
 
 class EpisodeLog:
@@ -153,6 +164,8 @@ class EnvRunner:
         self._sizes = self.group_sizes(num_envs)
         self.groups: list[_Group] = []
         self._key = jax.random.key(seed)
+        # A RecurrentActor (recurrent.py) when the policy is recurrent: rows carry its state.
+        self._recurrent = act if hasattr(act, "initial_state") else None
         self._make_envs(seed)
         self.observation_space = self.groups[0].env.observation_space
         self.action_space = self.groups[0].env.action_space
@@ -199,6 +212,8 @@ class EnvRunner:
         for g in self.groups:
             g.env.async_reset()
             g.obs = self._checked(g, g.env.recv()[0], None)
+            if self._recurrent is not None:
+                g.carry = initial_carry(self._recurrent, g.env.num_envs, g.env.action_space)
 
     def restart_envs(self) -> None:
         """Closes and rebuilds every env after a failure; unfinished episodes are dropped."""
@@ -258,17 +273,33 @@ class EnvRunner:
                 )
             )
         timers = self.timers
+        rec = self._recurrent
+        if rec is not None:
+            for g, buf in zip(self.groups, bufs, strict=True):
+                self._recurrent_buffers(g, buf)
         for t in range(T):
             for g, buf in zip(self.groups, bufs, strict=True):
                 buf["obs"][t] = g.obs
                 buf["valid"][t] = ~g.prev_done
                 with timers.time("inference"):
-                    if self.explore:
+                    if rec is not None:
+                        self._record_carry(g, buf, t)
+                        if self.explore:
+                            action, dist_inputs, self._key, state = rec(
+                                params, g.obs, self._key, g.carry
+                            )
+                        else:
+                            action, dist_inputs, state = rec.greedy(params, g.obs, g.carry)
+                    elif self.explore:
                         action, dist_inputs, self._key = self._act(params, g.obs, self._key)
                     else:
                         action, dist_inputs = self._act_greedy(params, g.obs)
                     action = np.asarray(action)
                     dist_inputs = np.asarray(dist_inputs)
+                if rec is not None:
+                    # The reward comes after the step; obs[t] being a final observation (prev_done)
+                    # makes the next row a reset row (next-step autoreset).
+                    g.carry = (state, action, None, g.prev_done.copy())
                 if buf["action"] is None:
                     buf["action"] = np.empty((T, *action.shape), action.dtype)
                     buf["behaviour_logits"] = np.empty((T, *dist_inputs.shape), np.float32)
@@ -285,14 +316,37 @@ class EnvRunner:
                 buf["truncated"][t] = truncated
                 self._track_episodes(g, reward, terminated, truncated)
                 g.obs = obs
+                if rec is not None:
+                    state, action, _, reset = g.carry
+                    g.carry = (state, action, np.asarray(reward, np.float32), reset)
         out = []
         for g, buf in zip(self.groups, bufs, strict=True):
             buf["obs"][T] = g.obs
+            if rec is not None:
+                self._record_carry(g, buf, T)
+                buf["core_state"] = jax.tree.map(lambda *xs: np.stack(xs), *buf["core_state"])
             n = g.env.num_envs
             out.append(Trajectory(param_version=np.full(n, version, np.int32), **buf))
             self.env_steps += T * n
         self.heartbeat = time.monotonic()
         return out
+
+    def _recurrent_buffers(self, g: _Group, buf: dict) -> None:
+        T, n = self.T, g.env.num_envs
+        prev_action = g.carry[1]
+        buf["core_state"] = []  # the state before rows 0, L, 2L, ...: stacked at the end
+        buf["prev_action"] = np.empty((T + 1, *prev_action.shape), prev_action.dtype)
+        buf["prev_reward"] = np.empty((T + 1, n), np.float32)
+        buf["reset"] = np.empty((T + 1, n), bool)
+
+    def _record_carry(self, g: _Group, buf: dict, t: int) -> None:
+        """Row t's prev action, prev reward and reset flag; its state when a chunk starts."""
+        state, prev_action, prev_reward, reset = g.carry
+        if t % self._recurrent.max_seq_len == 0:
+            buf["core_state"].append(jax.tree.map(np.asarray, state))
+        buf["prev_action"][t] = prev_action
+        buf["prev_reward"][t] = prev_reward
+        buf["reset"][t] = reset
 
     def _track_episodes(self, g: _Group, reward, terminated, truncated) -> None:
         done = terminated | truncated

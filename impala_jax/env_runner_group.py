@@ -19,7 +19,13 @@ import jax
 import numpy as np
 
 from impala_jax.buffers import Batcher, LearnerQueue, LearnerQueueTimeout, Loader, stack
-from impala_jax.env_runner import EnvOutputError, EnvRunner, ParamStore, RunnerThread
+from impala_jax.env_runner import (
+    EnvOutputError,
+    EnvRunner,
+    ParamStore,
+    RunnerThread,
+    initial_carry,
+)
 from impala_jax.metrics import Timers
 from impala_jax.metrics_logger import MetricsLogger
 
@@ -46,8 +52,10 @@ class EnvRunnerGroup:
         observation_space,
         seed: int,
         batch_columns: int,
+        action_space=None,
     ):
         self.config = config
+        self._action_space = action_space
         self._act, self._act_greedy = act, act_greedy
         self._seed = seed
         self.param_store = ParamStore(params, actor_device)
@@ -81,8 +89,13 @@ class EnvRunnerGroup:
         params, _ = self.param_store.get()
         size = EnvRunner.group_sizes(self.config.num_envs_per_env_runner)[0]
         obs = np.zeros((size, *observation_space.shape), observation_space.dtype)
-        action, _, _ = jax.block_until_ready(self._act(params, obs, jax.random.key(0)))
-        return action.dtype
+        if hasattr(self._act, "initial_state"):  # a RecurrentActor: rows carry its state
+            carry = initial_carry(self._act, size, self._action_space)
+            out = self._act(params, obs, jax.random.key(0), carry)
+            jax.block_until_ready(self._act.greedy(params, obs, carry))
+        else:
+            out = self._act(params, obs, jax.random.key(0))
+        return jax.block_until_ready(out)[0].dtype
 
     def start(self, to_device: Callable) -> None:
         """Builds the envs and, when threaded, the runner threads and starts the loaders.

@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from impala_jax.callbacks import EpisodeCallbacks
-from impala_jax.env_runner import ParamStore
+from impala_jax.env_runner import ParamStore, initial_carry
 from impala_jax.envs import ActionAdapter, VecEnv, make_vec_env
 from impala_jax.metrics import EpisodeStats
 from impala_jax.metrics_logger import MetricsLogger, deep_merge
@@ -66,6 +66,8 @@ class _EnvGroup:
         self.prev_done = np.zeros(n, bool)  # obs is a final observation: next row is a reset
         self.episode_return = np.zeros(n, np.float64)
         self.episode_len = np.zeros(n, np.int64)
+        self.carry = None  # a recurrent policy's per-env carry (env_runner.initial_carry)
+        self.reward = np.zeros(n, np.float32)  # the last step's rewards
 
     def step(
         self,
@@ -81,6 +83,7 @@ class _EnvGroup:
         env = self.env
         env.send(self.adapter(action, env.num_envs))
         obs, reward, terminated, truncated = env.recv()
+        self.reward = np.asarray(reward, np.float32)
         # A reset row (next-step autoreset, see types.py) is not a step of any episode.
         real = ~self.prev_done
         self.episode_return += reward * real
@@ -241,12 +244,24 @@ class Evaluator:
             for i, g in enumerate(groups):
                 if unit != "auto" and done[i] >= quota[i]:
                     continue
-                if explore:
+                rec = self._act if hasattr(self._act, "initial_state") else None
+                if rec is not None:  # a recurrent policy: as a training runner carries it
+                    if g.carry is None:
+                        g.carry = initial_carry(rec, g.env.num_envs, g.env.action_space)
+                    final = g.prev_done.copy()
+                    if explore:
+                        action, _, self._key, state = rec(params, g.obs, self._key, g.carry)
+                    else:
+                        action, _, state = rec.greedy(params, g.obs, g.carry)
+                elif explore:
                     action, _, self._key = self._act(params, g.obs, self._key)
                 else:
                     action, _ = self._act_greedy(params, g.obs)
+                action = np.asarray(action)
                 limit = quota[i] - done[i] if unit == "episodes" else None
-                finished, steps = g.step(np.asarray(action), self.episode_callbacks, limit)
+                finished, steps = g.step(action, self.episode_callbacks, limit)
+                if rec is not None:
+                    g.carry = (state, action, g.reward, final)
                 if unit == "episodes":
                     finished = finished[: quota[i] - done[i]]
                     done[i] += len(finished)

@@ -91,9 +91,20 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
         valid = jnp.sum(batch.valid)
         weight = valid / jnp.maximum(jax.lax.pmean(valid, LEARNER_AXIS), 1e-6)
         t1, b = batch.obs.shape[:2]
-        dist_inputs, values = networks.apply(
-            params, batch.obs.reshape(t1 * b, *batch.obs.shape[2:])
-        )
+        if batch.core_state is not None:  # a recurrent policy (recurrent.py): one unroll
+            dist_inputs, values = networks.unroll(
+                params,
+                batch.core_state,
+                batch.obs,
+                batch.prev_action,
+                batch.prev_reward,
+                batch.reset,
+                networks.max_seq_len,
+            )
+        else:
+            dist_inputs, values = networks.apply(
+                params, batch.obs.reshape(t1 * b, *batch.obs.shape[2:])
+            )
         dist_inputs = dist_inputs.reshape(t1, b, -1)
         values = values.reshape(t1, b)
         discount_t = loss_spec.gamma * (1.0 - batch.terminated.astype(jnp.float32))
@@ -228,9 +239,13 @@ class Learner:
         self.replay = parallel.put(replay, self.mesh, parallel.LEADING)
 
     def init_replay_from_leaves(self, leaves: list) -> None:
-        """Replay slots from the flat leaves of a saved ``Replay`` (see state_arrays)."""
-        *fields, count, key = leaves
-        replay = Replay(Batch(*fields, param_version=None), count, key)
+        """Replay slots from the flat leaves of a saved ``Replay`` (see state_arrays), laid out
+        as this learner's slots (a recurrent batch's core_state is a pytree of its own)."""
+        if self.replay != ():
+            replay = jax.tree.unflatten(jax.tree.structure(self.replay), leaves)
+        else:
+            *fields, count, key = leaves
+            replay = Replay(Batch(*fields, param_version=None), count, key)
         self.replay = parallel.put(replay, self.mesh, parallel.LEADING)
 
     def put_batch(self, batch: Batch) -> Batch:

@@ -116,7 +116,7 @@ def model_config_problems(mc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     for k in ("lstm_use_prev_action", "lstm_use_prev_reward"):
         key(k, lambda v: isinstance(v, bool), "True or False")
     key("log_std_clip_param", lambda v: _is_real(v) and v > 0, "a number > 0")
-    key("use_lstm", lambda v: v is False, "False: LSTM policies are not supported yet")
+    key("use_lstm", lambda v: isinstance(v, bool), "True or False")
     key("max_seq_len", lambda v: _is_int(v) and v > 0, "an int > 0")
     key("lstm_cell_size", lambda v: _is_int(v) and v > 0, "an int > 0")
     return problems

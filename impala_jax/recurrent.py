@@ -35,6 +35,7 @@ import flax.linen as nn
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from impala_jax import networks
 from impala_jax.model_config import DEFAULT_MODEL_CONFIG
@@ -52,6 +53,7 @@ class RecurrentNetworks(NamedTuple):
     unroll: Callable[..., tuple[jax.Array, jax.Array]]
     dist_size: int
     cell_size: int
+    max_seq_len: int  # model_config's: the learner's truncation length (see unroll)
 
 
 def num_chunks(rollout_fragment_length: int, max_seq_len: int) -> int:
@@ -189,4 +191,39 @@ def make_recurrent_networks(
         unroll=unroll,
         dist_size=base.dist_size,
         cell_size=cell_size,
+        max_seq_len=int(config["max_seq_len"]),
     )
+
+
+class RecurrentActor:
+    """The actors' compiled recurrent policy, called as ``act(params, obs, key, carry)``.
+
+    ``carry`` is what a runner keeps per env between rows: ``(state, prev_action,
+    prev_reward, reset)``; the call returns ``(action, dist_inputs, key, state)``. ``greedy``
+    is the same without sampling: ``(action, dist_inputs, state)``. `initial_state(n)` and
+    `max_seq_len` are what runners need to start envs and to store states for the learner.
+    """
+
+    def __init__(self, nets: RecurrentNetworks, distribution, max_seq_len: int):
+        def act(params, obs, key, carry):
+            state, prev_action, prev_reward, reset = carry
+            key, sample_key = jax.random.split(key)
+            dist_inputs, _, state = nets.step(params, state, obs, prev_action, prev_reward, reset)
+            return distribution.sample(sample_key, dist_inputs), dist_inputs, key, state
+
+        def greedy(params, obs, carry):
+            state, prev_action, prev_reward, reset = carry
+            dist_inputs, _, state = nets.step(params, state, obs, prev_action, prev_reward, reset)
+            return distribution.mode(dist_inputs), dist_inputs, state
+
+        self._act = jax.jit(act)
+        self.greedy = jax.jit(greedy)
+        self.max_seq_len = max_seq_len
+        self._initial_state = jax.jit(nets.initial_state, static_argnums=0)
+
+    def __call__(self, params, obs, key, carry):
+        return self._act(params, obs, key, carry)
+
+    def initial_state(self, n: int):
+        """Zeros for ``n`` envs, as host arrays."""
+        return jax.tree.map(np.asarray, self._initial_state(n))

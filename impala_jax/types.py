@@ -38,6 +38,11 @@ class Trajectory(NamedTuple):
     truncated: np.ndarray  # [T, B] bool
     valid: np.ndarray  # [T, B] float32: 0 where obs[t] is a final observation (reset row)
     param_version: np.ndarray  # [B] int32: ParamStore version the fragment was sampled with
+    # Recurrent policies only (model_config use_lstm; None otherwise), see recurrent.py:
+    core_state: Any = None  # pytree of [K, B, cell]: the core state before rows 0, L, 2L, ...
+    prev_action: np.ndarray | None = None  # [T+1, B, *action_shape]: the action of row t-1
+    prev_reward: np.ndarray | None = None  # [T+1, B] float32: the reward of row t-1
+    reset: np.ndarray | None = None  # [T+1, B] bool: obs[t] is an episode's first observation
 
 
 # The learner consumes the same fields, stacked along B and placed on the learner devices.

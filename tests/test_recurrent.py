@@ -160,3 +160,118 @@ def test_params_layout_keeps_every_value_parameter_under_vf_keys():
     assert set(separate) == {"encoder", "lstm", "pi", "vf", "vf_encoder", "vf_lstm"}
     kernel = separate["lstm"]
     assert jax.tree.leaves(kernel)[0].shape[-1] in (CELL, 4 * CELL)
+
+
+def _recurrent_config(num_env_runners: int, env="CartPole-v1"):
+    from impala_jax import IMPALAConfig
+
+    model = {
+        "use_lstm": True,
+        "lstm_cell_size": 8,
+        "fcnet_hiddens": [8],
+        "max_seq_len": 4,
+        "lstm_use_prev_action": True,
+        "lstm_use_prev_reward": True,
+    }
+    return (
+        IMPALAConfig()
+        .environment(env)
+        .env_runners(
+            num_env_runners=num_env_runners, num_envs_per_env_runner=6, rollout_fragment_length=10
+        )
+        .training(train_batch_size_per_learner=60, lr=1e-3)
+        .rl_module(model_config=model)
+        .reporting(min_time_s_per_iteration=0)
+        .debugging(seed=0)
+    )
+
+
+def _short_cartpole(config):
+    return gym.make("CartPole-v1", max_episode_steps=7)  # episodes end by truncation, too
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("num_env_runners", [0, 2])
+def test_on_policy_the_learners_unroll_reproduces_the_behaviour_logits(num_env_runners):
+    # Any misalignment of states, resets, prev actions or rewards between the runners and the
+    # learner's unroll shows up as logits != behaviour logits (rho != 1), row by row.
+    with _recurrent_config(num_env_runners, _short_cartpole).build() as algo:
+        group, nets = algo.env_runner_group, algo.networks
+        params = algo.learner.state.params  # no update happens: every fragment is on-policy
+        resets = truncations = 0
+        for _ in range(5):
+            batch, _ = group.next_batch()
+            logits, _ = nets.unroll(
+                params,
+                batch.core_state,
+                batch.obs,
+                batch.prev_action,
+                batch.prev_reward,
+                batch.reset,
+                nets.max_seq_len,
+            )
+            np.testing.assert_allclose(logits[:-1], batch.behaviour_logits, rtol=1e-4, atol=1e-5)
+            # A reset row is exactly the row after a final observation (valid 0), after a
+            # termination or a truncation alike.
+            reset, valid = np.asarray(batch.reset), np.asarray(batch.valid)
+            np.testing.assert_array_equal(reset[1:], valid == 0)
+            resets += int(reset[1:].sum())
+            truncations += int(np.asarray(batch.truncated).sum())
+        assert resets > 0 and truncations > 0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("num_env_runners", [0, 2])
+def test_recurrent_training_is_on_policy_and_learns_cartpole_a_little(num_env_runners):
+    config = _recurrent_config(num_env_runners).evaluation(
+        evaluation_interval=2, evaluation_duration=3
+    )
+    with config.build() as algo:
+        results = [algo.train() for _ in range(4)]
+        assert results[-1]["evaluation"]["env_runners"]["num_episodes"] == 3
+        learner = results[-1]["learners"]["default_policy"]
+        if num_env_runners == 0:  # lockstep: one update per batch, no lag, rho = 1 exactly
+            assert abs(learner["mean_rho"] - 1.0) < 1e-5 and abs(learner["max_rho"] - 1) < 1e-4
+        assert results[-1]["fault_tolerance"]["num_env_runner_failures"] == 0
+        state = algo.get_initial_state()
+        action, state_out, extra = algo.compute_single_action(np.zeros(4, np.float32), state)
+        assert action in (0, 1) and extra["action_dist_inputs"].shape == (2,)
+        assert jax.tree.structure(state_out) == jax.tree.structure(state)
+        with pytest.raises(ValueError, match="recurrent one"):
+            algo.compute_actions(np.zeros((2, 4), np.float32))
+
+
+@pytest.mark.timeout(240)
+def test_one_and_two_learner_devices_train_a_recurrent_policy_alike():
+    assert len(jax.devices()) >= 2, "conftest forces two CPU devices"
+    weights = []
+    for n in (1, 2):
+        config = _recurrent_config(0).training(train_batch_size_per_learner=60 // n)
+        with config.learners(num_learners=n).build() as algo:
+            for _ in range(3):
+                algo.train()
+            weights.append(jax.tree.leaves(algo.get_weights()))
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.timeout(240)
+def test_a_checkpoint_round_trip_keeps_the_replayed_core_states(tmp_path):
+    config = _recurrent_config(0).training(replay_proportion=0.5, replay_buffer_num_slots=8)
+    with config.build() as algo:
+        for _ in range(3):
+            algo.train()
+        state = algo.get_state()
+        path = algo.save(tmp_path / "checkpoint")
+    # The slots hold each column's core states, [slots, K, cell]: K = 10 // 4 + 1 chunks.
+    assert sum(x.shape[1:] == (3, 8) for x in state["replay"]) == 2  # c and h
+    with config.build() as again:
+        again.restore(path)
+        restored = again.get_state()
+        for a, b in zip(
+            state["learner"] + state["replay"],
+            restored["learner"] + restored["replay"],
+            strict=True,
+        ):
+            np.testing.assert_array_equal(a, b)
+        assert again.train()["training_iteration"] == 4
