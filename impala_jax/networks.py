@@ -582,7 +582,10 @@ def make_networks(
     # Missing keys take RLlib's defaults; keys we do not use (other RLlib ones) are ignored.
     config = {**DEFAULT_MODEL_CONFIG, **dict(model_config or {})}
     if config["use_lstm"]:
-        raise ValueError("model_config['use_lstm']=True is not supported yet; set it to False.")
+        raise ValueError(
+            "model_config['use_lstm']=True is a recurrent policy: build it with "
+            "impala_jax.recurrent.make_recurrent_networks (IMPALA does so by itself)."
+        )
     p = parts(config, observation_space, action_space)
     preprocess, encoder, vf_encoder = p.preprocess, p.encoder, p.vf_encoder
     pi_head, vf_head, dummy_obs = p.pi_head, p.vf_head, p.dummy_obs

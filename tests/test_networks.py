@@ -237,7 +237,7 @@ def test_apply_compiles_once_per_shape():
 @pytest.mark.parametrize(
     "config,spaces,match",
     [
-        ({"use_lstm": True}, CARTPOLE, "use_lstm"),
+        ({"use_lstm": True}, CARTPOLE, "recurrent.make_recurrent_networks"),
         ({"encoder": "resnet"}, CARTPOLE, "encoder"),
         ({"encoder": "nature_cnn"}, CARTPOLE, "nature_cnn"),
         ({"fcnet_activation": "gelu_tanh_x"}, CARTPOLE, "fcnet_activation"),

@@ -187,7 +187,7 @@ def test_default_model_config_at_defaults_is_accepted():
 @pytest.mark.parametrize(
     "fields,match",
     [
-        ({"use_lstm": True}, "use_lstm"),
+        ({"use_lstm": "yes"}, "use_lstm"),
         ({"fusionnet_hiddens": [64]}, "fusionnet_hiddens"),
         ({"fcnet_kernel_initializer": "no_such_init_"}, "fcnet_kernel_initializer"),
         ({"conv_bias_initializer": "orthogonal_"}, "conv_bias_initializer"),
