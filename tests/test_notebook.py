@@ -25,3 +25,4 @@ def test_quickstart_notebook_runs(tmp_path):
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the inline learning curve
     text = "".join(o.get("text", "") for o in outputs)
     assert "restored at iteration 300" in text and "-> action" in text
+    assert "recurrent rollout return" in text
