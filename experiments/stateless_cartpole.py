@@ -7,6 +7,10 @@ RLlib's ``StatelessCartPole`` (observation = cart position and pole angle), writ
 wrapper of gymnasium's CartPole-v1, which keeps its 500-step limit (RLlib's class has none).
 Sized for this machine: one runner of 32 envs and short fragments instead of RLlib's 3 runners
 and fragments of 50.
+
+Measured (2 shared CPU cores, seed 0): a return mean of 371 after 1.15 M env steps and 322 s of
+training. The same settings with ``use_lstm=False`` peaked at 52.7 over 1.2 M env steps: the
+policy needs its memory.
 """
 
 import gymnasium as gym

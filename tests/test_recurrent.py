@@ -275,3 +275,20 @@ def test_a_checkpoint_round_trip_keeps_the_replayed_core_states(tmp_path):
         ):
             np.testing.assert_array_equal(a, b)
         assert again.train()["training_iteration"] == 4
+
+
+@pytest.mark.timeout(240)
+def test_an_env_restart_starts_every_env_from_the_initial_state():
+    with _recurrent_config(0).build() as algo:
+        algo.train()
+        runner = algo.env_runner_group.runners[0]
+        state, _, _, reset = runner.groups[0].carry
+        assert not reset.all() and any(np.any(x) for x in jax.tree.leaves(state))
+        runner.restart_envs()
+        state, prev_action, prev_reward, reset = runner.groups[0].carry
+        assert reset.all() and not any(np.any(x) for x in jax.tree.leaves(state))
+        assert not np.any(prev_action) and not np.any(prev_reward)
+        (fragment,) = runner.sample()
+        assert fragment.reset[0].all()  # every env's first row after the restart
+        for leaf in jax.tree.leaves(fragment.core_state):
+            assert not np.any(leaf[0])

@@ -96,6 +96,44 @@ def test_tuned_cartpole_example():
 
 
 @pytest.mark.timeout(300)
+def test_tuned_stateless_cartpole_example_is_recurrent():
+    # RLlib's own StatelessCartPole env class (velocities removed) and its config block.
+    from ray.rllib.examples.envs.classes.stateless_cartpole import StatelessCartPole
+
+    args = example_args(default_reward=350.0, default_timesteps=2000000)
+    args.num_env_runners = 3  # the example's parser.set_defaults
+    config = (
+        IMPALAConfig()
+        .api_stack(
+            enable_rl_module_and_learner=True,
+            enable_env_runner_and_connector_v2=True,
+        )
+        .environment(StatelessCartPole)
+        .training(
+            learner_queue_size=1,
+            lr=0.0005 * ((args.num_learners or 1) ** 0.5),
+            vf_loss_coeff=0.05,
+            entropy_coeff=0.0,
+        )
+        .rl_module(
+            model_config=DefaultModelConfig(
+                vf_share_layers=True,
+                use_lstm=True,
+                max_seq_len=20,
+            ),
+        )
+    )
+    config.env_runners(num_env_runners=args.num_env_runners)  # as RLlib's example runner does
+    results = train_twice(config)
+    assert results[-1]["learners"][DEFAULT_POLICY_ID]["num_updates_lifetime"] >= 1
+    algo = config.build()
+    try:
+        assert algo.recurrent and set(algo.get_initial_state()) == {"lstm"}
+    finally:
+        algo.stop()
+
+
+@pytest.mark.timeout(300)
 def test_tuned_pendulum_example():
     args = example_args()
     config = (
