@@ -5,6 +5,10 @@ the wall-clock runs from launch to exit (imports, compilation, training, the fin
 env steps and the training time come from the run's ``result.json``, and the peak resident set
 of the whole process from ``os.wait4``'s rusage. The experiment's own stop (return 450, or 3 M
 env steps as a cap) ends each run; a run that hits the cap counts as not reaching 450.
+
+The reference is ``benchmarks/naive_loop.py`` (the simplest single-threaded IMPALA loop),
+launched the same way, seed by seed interleaved with impala_jax, cold and warm (each side with
+a compilation cache of its own, primed by one run): the ratios of the medians are the figures.
 """
 
 from __future__ import annotations
@@ -79,6 +83,34 @@ def one_seed(seed: int, compile_cache: str) -> dict:
     }
 
 
+def naive_seed(seed: int, compile_cache: str) -> dict:
+    """One run of the naive loop, launch to exit."""
+    cmd = [sys.executable, "-m", "benchmarks.naive_loop", "--seed", str(seed)]
+    cmd += ["--compile-cache", compile_cache]
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, cwd=common.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    killer = threading.Timer(RUN_TIMEOUT_S, proc.kill)
+    killer.start()
+    output = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    killer.cancel()
+    lines = [line for line in output.splitlines() if line.startswith("{")]
+    run = json.loads(lines[-1]) if lines else {}
+    return {
+        "seed": seed,
+        "exit_code": os.waitstatus_to_exitcode(status),
+        "reached_450": bool(run.get("reached")),
+        "wall_s_from_launch": wall,
+        "env_steps": run.get("env_steps"),
+        "train_s_in_process": None,
+        "peak_rss_mib": usage.ru_maxrss / 1024,
+        "output_tail": output[-600:] if not run.get("reached") else "",
+    }
+
+
 def summarise(runs: list[dict]) -> dict:
     times = [r["wall_s_from_launch"] if r["reached_450"] else float("inf") for r in runs]
     rows = [
@@ -106,12 +138,28 @@ def main(argv=None) -> dict:
     seeds = QUICK_SEEDS if args.quick else SEEDS
     # Cold: no compilation cache, every program compiled in the process. Warm: the CLI's
     # persistent cache already holds them (a rerun of the same experiment), primed by one run.
-    print("cold (--compile-cache none)")
-    cold = summarise([one_seed(s, "none") for s in seeds])
+    # Seed by seed, impala_jax and the naive loop alternate (a burst of load hits both).
+    runs: dict[str, list[dict]] = {"cold": [], "naive_cold": [], "warm": [], "naive_warm": []}
+    for s in seeds:
+        runs["cold"].append(one_seed(s, "none"))
+        runs["naive_cold"].append(naive_seed(s, "none"))
     with tempfile.TemporaryDirectory(prefix="bench_xla_cache_") as cache:
+        naive_cache = os.path.join(cache, "naive")
         one_seed(seeds[0], cache)
-        print("warm (persistent compilation cache primed)")
-        warm = summarise([one_seed(s, cache) for s in seeds])
+        naive_seed(seeds[0], naive_cache)
+        for s in seeds:
+            runs["warm"].append(one_seed(s, cache))
+            runs["naive_warm"].append(naive_seed(s, naive_cache))
+    summaries = {}
+    for name, case in runs.items():
+        print(f"{name} ({'no compilation cache' if 'cold' in name else 'cache primed'})")
+        summaries[name] = summarise(case)
+    cold, warm = summaries["cold"], summaries["warm"]
+    ratio_cold = cold["median_wall_s_to_450"] / summaries["naive_cold"]["median_wall_s_to_450"]
+    ratio_warm = warm["median_wall_s_to_450"] / summaries["naive_warm"]["median_wall_s_to_450"]
+    print(
+        f"impala_jax / naive loop, median time to 450: cold {ratio_cold:.2f}, warm {ratio_warm:.2f}"
+    )
     median_s = warm["median_wall_s_to_450"]
     peak = max(cold["max_peak_rss_mib"], warm["max_peak_rss_mib"])
     payload = {
@@ -121,6 +169,10 @@ def main(argv=None) -> dict:
         "CLI's persistent compilation cache primed by one earlier run",
         "cold": cold,
         "warm": warm,
+        "naive_cold": summaries["naive_cold"],
+        "naive_warm": summaries["naive_warm"],
+        "ratio_to_naive_cold": ratio_cold,
+        "ratio_to_naive_warm": ratio_warm,
         "median_wall_s_to_450": median_s,
         "median_wall_s_to_450_cold": cold["median_wall_s_to_450"],
         "median_env_steps": warm["median_env_steps"],
