@@ -232,6 +232,7 @@ class Evaluator:
         done = [0] * n
         deadline = run.started + cfg.evaluation_sample_timeout_s
         explore = self.eval_config.explore
+        rec = self._act if hasattr(self._act, "initial_state") else None  # a RecurrentActor
         while not run.stop.is_set():
             if unit == "auto":
                 if run.env_steps > 0 and (run.training_done is None or run.training_done()):
@@ -244,7 +245,6 @@ class Evaluator:
             for i, g in enumerate(groups):
                 if unit != "auto" and done[i] >= quota[i]:
                     continue
-                rec = self._act if hasattr(self._act, "initial_state") else None
                 if rec is not None:  # a recurrent policy: as a training runner carries it
                     if g.carry is None:
                         g.carry = initial_carry(rec, g.env.num_envs, g.env.action_space)
