@@ -23,9 +23,19 @@ from benchmarks import common
 T = 20
 # (name, model_config, columns B per batch)
 CARTPOLE = ("cartpole_mlp", {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"})
+# The same MLP with RLlib's default LSTM core after it (256 cells, prev action and reward off),
+# unrolled over the whole fragment (max_seq_len = T): the cost of use_lstm.
+CARTPOLE_LSTM = (
+    "cartpole_lstm",
+    {**CARTPOLE[1], "use_lstm": True, "lstm_cell_size": 256, "max_seq_len": T},
+)
 ATARI = ("atari_impala_cnn", {"encoder": "impala_cnn"})
-CASES = [(CARTPOLE, b) for b in (32, 64, 256)] + [(ATARI, b) for b in (4, 16)]
-QUICK_CASES = [(CARTPOLE, b) for b in (64, 256)] + [(ATARI, b) for b in (4,)]
+CASES = (
+    [(CARTPOLE, b) for b in (32, 64, 256)]
+    + [(CARTPOLE_LSTM, b) for b in (32, 64, 256)]
+    + [(ATARI, b) for b in (4, 16)]
+)
+QUICK_CASES = [(c, b) for c in (CARTPOLE, CARTPOLE_LSTM) for b in (64, 256)] + [(ATARI, 4)]
 WORKER_TIMEOUT_S = 240
 # A step slower than this is timed once, and larger batches of its kind are skipped.
 SLOW_STEP_S = 5.0
@@ -37,13 +47,24 @@ def make_batch(kind: str, b: int, seed: int = 0):
     from impala_jax.types import Trajectory
 
     rng = np.random.default_rng(seed)
-    if kind == "cartpole_mlp":
+    if kind.startswith("cartpole"):
         obs = rng.normal(size=(T + 1, b, 4)).astype(np.float32)
         n_act = 2
     else:
         obs = rng.integers(0, 256, (T + 1, b, 4, 84, 84), dtype=np.uint8)
         n_act = 6
     done = rng.random((T, b)) < 0.02
+    recurrent = {}
+    if kind == "cartpole_lstm":
+        cell, chunks = CARTPOLE_LSTM[1]["lstm_cell_size"], T // CARTPOLE_LSTM[1]["max_seq_len"] + 1
+        state = rng.normal(size=(chunks, b, cell)).astype(np.float32)
+        reset = np.concatenate([np.zeros((1, b), bool), done], axis=0)
+        recurrent = {
+            "core_state": {"lstm": (state, state)},
+            "prev_action": rng.integers(0, n_act, (T + 1, b)).astype(np.int32),
+            "prev_reward": rng.normal(size=(T + 1, b)).astype(np.float32),
+            "reset": reset,
+        }
     return Trajectory(
         obs=obs,
         action=rng.integers(0, n_act, (T, b)).astype(np.int32),
@@ -53,6 +74,7 @@ def make_batch(kind: str, b: int, seed: int = 0):
         truncated=np.zeros((T, b), bool),
         valid=np.ones((T, b), np.float32),
         param_version=np.zeros(b, np.int32),
+        **recurrent,
     )
 
 
@@ -61,12 +83,14 @@ def make_learner(kind: str, model_config: dict, b: int, num_devices: int):
     import jax
     import numpy as np
 
+    from impala_jax.config_checks import merge_model_config
     from impala_jax.distributions import make_distribution
     from impala_jax.learner import Learner, LossSpec, StepSpec
     from impala_jax.networks import make_networks
     from impala_jax.optim import OptimizerSpec
+    from impala_jax.recurrent import make_recurrent_networks
 
-    if kind == "cartpole_mlp":
+    if kind.startswith("cartpole"):
         obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
         act_space = gym.spaces.Discrete(2)
     else:
@@ -83,8 +107,10 @@ def make_learner(kind: str, model_config: dict, b: int, num_devices: int):
     )
     # experiments/cartpole.py's loss and optimizer settings.
     loss = LossSpec(0.99, 0.5, 0.0, 1.0, 1.0, None)
+    model_config = merge_model_config(model_config)
+    make = make_recurrent_networks if model_config["use_lstm"] else make_networks
     return Learner(
-        make_networks(model_config, obs_space, act_space),
+        make(model_config, obs_space, act_space),
         make_distribution(act_space),
         OptimizerSpec(lr=0.003, grad_clip=40.0),
         loss,

@@ -190,3 +190,41 @@ class ContextEnv(gym.Env):
 
     def step(self, action):
         return self.where, 1.0, True, False, {}
+
+
+class CueMemoryEnv(gym.Env):
+    """Remember a cue: it is shown only in the first observation, and the action taken ``delay``
+    steps later earns 1 if it repeats the cue, else 0 (the episode then ends).
+
+    Observation: [cue one-hot (zero after the first step), query flag (1 on the answer step)].
+    Every observation after the first is the same whatever the cue, so a memoryless policy
+    scores 1 / num_cues in expectation; a recurrent one can score 1.
+    """
+
+    def __init__(self, config=None):
+        config = dict(config or {})
+        self.delay = config.get("delay", 4)
+        self.num_cues = config.get("num_cues", 2)
+        self.observation_space = gym.spaces.Box(0, 1, (self.num_cues + 1,), np.float32)
+        self.action_space = gym.spaces.Discrete(self.num_cues)
+        self._rng = np.random.default_rng(config.get("seed", None))
+
+    def _obs(self):
+        obs = np.zeros(self.num_cues + 1, np.float32)
+        if self._t == 0:
+            obs[self._cue] = 1.0
+        obs[-1] = float(self._t == self.delay)
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self._cue = int(self._rng.integers(self.num_cues))
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        if self._t == self.delay:
+            return self._obs(), float(int(action) == self._cue), True, False, {}
+        self._t += 1
+        return self._obs(), 0.0, False, False, {}
