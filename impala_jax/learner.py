@@ -152,7 +152,13 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
         def update(carry, cols):
             params, opt_state = carry
             minibatch = jax.tree.map(lambda x: jnp.take(x, cols, axis=1), batch)
-            grads, metrics = jax.grad(loss_fn, has_aux=True)(params, minibatch, entropy_coeff)
+            # The params are replicated (unvarying over the learner axis): differentiated as
+            # they are, shard_map would already sum their cotangents over the devices, and the
+            # pmean below would be a no-op on an N-times-too-large gradient (invisible under
+            # Adam, which is scale-invariant; wrong under RMSProp, clipping and the reported
+            # norm). Cast to per-device values, each device's gradient is its own.
+            local = jax.lax.pcast(params, LEARNER_AXIS, to="varying")
+            grads, metrics = jax.grad(loss_fn, has_aux=True)(local, minibatch, entropy_coeff)
             grads = jax.lax.pmean(grads, LEARNER_AXIS)
             metrics = dict(metrics, gradients_default_optimizer_global_norm=optax.tree.norm(grads))
             if step_spec.log_gradients:  # static: no extra work in the program when off
