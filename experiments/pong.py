@@ -12,9 +12,25 @@ Preprocessing is envpool's Atari default, the usual one (Mnih et al. 2015): 84x8
 episode limit, no sticky actions. Life loss does not end an episode (Pong has no lives anyway),
 and rewards reach the loss unclipped by envpool: ``clip_rewards=True`` clips them there.
 
+The loss is **summed** over the batch's rows (``loss_reduction="sum"``), as in the paper's
+code: its RMSProp constants belong to that scale. With impala_jax's default, RLlib's mean loss,
+the gradient is 640 times smaller; RMSProp's epsilon (inside the square root) and its mean
+square starting at 1 then swamp it, each update moves the params about 0.003 x lr in root mean
+square instead of 0.02-0.3 x lr, and the policy stays uniform (measured: entropy ln 6 = 1.79
+for 3 M frames). The build warns when that happens; docs/config.md, "Loss reduction", has the
+numbers.
+
 Target: RLlib's tuned IMPALA Pong example reaches a return of 20 within 10 M env steps (agent
-steps, i.e. 40 M frames); that is the stop criterion below. Sized for one GPU and ~16 cores:
-scale ``num_env_runners`` and ``num_envs_per_env_runner`` to your cores.
+steps, i.e. 40 M frames); that is the stop criterion below.
+
+Sizing. As written: one GPU and 16 cores (4 runners x 32 envs, 4 envpool threads each). On a
+2-core CPU the deep network's learner step is too slow (about 50 samples/s); run the Nature CNN
+with one runner of 16 envs and half the batch instead::
+
+    python -m impala_jax.run experiments/pong.py env_runners.num_env_runners=1 \
+        env_runners.num_envs_per_env_runner=16 env_runners.num_cpus_per_env_runner=1 \
+        training.train_batch_size_per_learner=320 learners.num_learners=0 \
+        rl_module.model_config.encoder=nature_cnn --stop num_env_steps_sampled_lifetime=1000000
 """
 
 from impala_jax import IMPALAConfig
@@ -46,10 +62,11 @@ config = (
         entropy_coeff=0.01,
         grad_clip=40.0,
         grad_clip_by="global_norm",
+        loss_reduction="sum",  # the paper's; see the docstring
     )
     .learners(num_learners=1)
     # The paper's deep network: three ResNet stacks (16, 32, 32 channels), then dense 256; its
-    # optional LSTM is left out (impala_jax has none yet).
+    # optional LSTM is left out (model_config use_lstm=True adds one).
     .rl_module(model_config={"encoder": "impala_cnn"})
     .reporting(min_time_s_per_iteration=10)
     .debugging(seed=0)

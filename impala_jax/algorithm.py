@@ -12,6 +12,7 @@ import atexit
 import concurrent.futures
 import logging
 import time
+import warnings
 import weakref
 
 import gymnasium as gym
@@ -37,8 +38,50 @@ from impala_jax.types import Trajectory
 
 # Learner updates in a row with non-finite gradients (each skipped) before train() gives up.
 MAX_CONSECUTIVE_NON_FINITE = 10
+# After this many updates, one look at the optimizer's step size (stalled_step_message).
+STEP_SIZE_CHECK_UPDATES = 10
+# An update whose root mean square is below this fraction of lr is "orders of magnitude" small.
+STALLED_STEP_RATIO = 1e-2
 # Env seeds of process p start at seed + p * this (far above any runner's restart blocks).
 PROCESS_SEED_STRIDE = 1 << 24
+
+
+def stalled_step_message(learner: dict, config, num_parameters: int) -> str | None:
+    """A warning when the latest update moved the params orders of magnitude less than lr.
+
+    Adam and RMSProp move each parameter by about lr per step once the gradient dominates
+    their denominator. With a mean loss (RLlib's, the default here) the gradient is T x B
+    times smaller than the IMPALA paper's summed loss, so the paper's RMSProp epsilon (inside
+    the square root, and the mean square starting at 1 as in TF1) can swamp it: the policy
+    then never moves (issue 17: Pong's entropy stayed at ln 6 for 3 M frames).
+    """
+    ratio = learner.get("update_rms_to_lr_ratio")
+    lr = learner.get("curr_lr", 0.0)
+    if ratio is None or not lr > 0 or learner.get("num_consecutive_non_finite_updates", 0):
+        return None  # no lr to compare with, or the last update was skipped (zero)
+    if not ratio < STALLED_STEP_RATIO:
+        return None
+    grad_norm = learner.get("gradients_default_optimizer_global_norm", float("nan"))
+    grad_rms = grad_norm / max(num_parameters, 1) ** 0.5
+    fixes = []
+    if config.opt_type == "rmsprop":
+        fixes.append(
+            f"RMSProp adds epsilon={config.epsilon!r} to the mean square inside the square root "
+            f"(and the mean square starts at 1, as in TF1): the gradient's root mean square per "
+            f"parameter, {grad_rms:.2g}, is far below both"
+        )
+    if config.loss_reduction == "mean":
+        fixes.append(
+            "the loss is a mean over the batch's rows (RLlib's); constants tuned for a summed "
+            "loss (the IMPALA paper's RMSProp lr, epsilon, grad_clip) need "
+            "training(loss_reduction='sum')"
+        )
+    fixes.append("or use training(opt_type='adam') or a larger lr")
+    return (
+        f"The optimizer's updates are {ratio:.2g} x lr in root mean square after "
+        f"{STEP_SIZE_CHECK_UPDATES}+ updates (lr={lr:.3g}, opt_type={config.opt_type!r}): the "
+        "policy will barely move. " + "; ".join(fixes) + ". See docs/config.md, 'Loss reduction'."
+    )
 
 
 # Algorithms not stopped by their users: stopped at interpreter exit, before daemon runner
@@ -157,6 +200,7 @@ class IMPALA(Checkpointable):
         self._time_total = 0.0
         self._env_steps_trained = 0
         self._num_updates = 0
+        self._step_size_checked = False  # stalled_step_message, once per build
         self._last_lag: list = []
         self._last_learner_metrics: dict = {}
         self._iterations_since_restore = 0  # Tune's bookkeeping keys, as RLlib's results have
@@ -360,6 +404,11 @@ class IMPALA(Checkpointable):
                 "checkpoints already written are intact. Check the env's rewards and "
                 "observations, or lower training(lr=...) / set training(grad_clip=...)."
             )
+        if not self._step_size_checked and self._num_updates >= STEP_SIZE_CHECK_UPDATES:
+            self._step_size_checked = True
+            message = stalled_step_message(learner, cfg, self._num_parameters)
+            if message:
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
         elapsed = time.perf_counter() - started
         self._iteration += 1
         self._time_total += elapsed

@@ -124,6 +124,7 @@ class IMPALAConfig(RLlibBuilders):
         self.momentum = 0.0  # RMSProp momentum
         self.epsilon = 0.1  # RMSProp epsilon (Adam keeps optax's default)
         self.vf_loss_coeff = 0.5  # weight of the value loss
+        self.loss_reduction = "mean"  # impala_jax's: "mean" (RLlib's) or "sum" (the paper's)
         self.entropy_coeff = 0.01  # float or [[timestep, value], ...]
         self.entropy_coeff_schedule = None  # [[timestep, value], ...]; overrides a float
         self._separate_vf_optimizer = False  # value params get their own optimizer with _lr_vf
@@ -271,6 +272,7 @@ class IMPALAConfig(RLlibBuilders):
         momentum=NotProvided,
         epsilon=NotProvided,
         vf_loss_coeff=NotProvided,
+        loss_reduction=NotProvided,
         entropy_coeff=NotProvided,
         entropy_coeff_schedule=NotProvided,
         _separate_vf_optimizer=NotProvided,

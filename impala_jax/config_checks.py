@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 OPT_TYPES = ("adam", "rmsprop")
 GRAD_CLIP_BY = ("value", "norm", "global_norm")
+LOSS_REDUCTIONS = ("mean", "sum")
 LOG_LEVELS = ("DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL")
 
 _UNSET = object()  # Validator.fail(): no value given, report the field's own
@@ -450,6 +451,7 @@ class _Validator:
         c.real("momentum", 0)
         c.real("epsilon", 0, open_low=True)
         c.real("vf_loss_coeff", 0)
+        c.choice("loss_reduction", LOSS_REDUCTIONS)
         c.check("gamma", lambda v: _is_real(v) and 0 <= v <= 1, "a number in [0, 1]")
         self._schedule("lr", "lr_schedule", "> 0", open_low=True)
         self._schedule("entropy_coeff", "entropy_coeff_schedule", ">= 0", open_low=False)

@@ -33,6 +33,8 @@ class Categorical:
             raise ValueError(f"Categorical needs num_actions >= 1, got {num_actions}.")
         self.num_actions = int(num_actions)
         self.param_size = self.num_actions
+        # The uniform policy's entropy, ln n: the learner reports entropy / max_entropy.
+        self.max_entropy = math.log(self.num_actions)
 
     def __repr__(self) -> str:
         return f"Categorical(num_actions={self.num_actions})"
@@ -98,6 +100,7 @@ class DiagGaussian:
         self.action_dim = int(action_dim)
         self.log_std_clip_param = float(log_std_clip_param)
         self.param_size = 2 * self.action_dim
+        self.max_entropy = None  # a Gaussian's entropy has no maximum
 
     def __repr__(self) -> str:
         return (

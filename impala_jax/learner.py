@@ -31,6 +31,10 @@ class LossSpec:
     clip_rho_threshold: float
     clip_pg_rho_threshold: float
     clip_rewards: Any
+    # "mean" over the (mini)batch's valid rows (RLlib's) or their "sum" (the IMPALA paper's code):
+    # the sum's gradient is N = valid rows times the mean's, which is what the paper's RMSProp
+    # constants (epsilon, grad_clip) were set for. See docs/config.md, "Loss reduction".
+    loss_reduction: str = "mean"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +84,24 @@ def mix_replay(batch: Batch, replay: Replay, step_spec: StepSpec) -> tuple[Batch
     return mixed, Replay(data, replay.count + n_insert, jax.random.key_data(key)[None])
 
 
+def _step_size_metrics(updates, params, lr) -> dict[str, jax.Array]:
+    """How far one update moved the params: a stalled optimizer shows here at a glance.
+
+    ``update_to_param_norm_ratio`` is ||update|| / ||params|| (global norms). For Adam and
+    RMSProp each parameter moves about lr per step when the gradient dominates the optimizer's
+    denominator, so ``update_rms_to_lr_ratio`` (the update's root mean square over all
+    parameters, divided by the learning rate) is of order 1; orders of magnitude below 1 means
+    epsilon (or RMSProp's mean square initialised at 1) dominates instead (issue 17: a mean loss
+    with the IMPALA paper's RMSProp constants).
+    """
+    size = sum(x.size for x in jax.tree.leaves(updates))
+    update_norm = optax.tree.norm(updates)
+    return {
+        "update_to_param_norm_ratio": update_norm / jnp.maximum(optax.tree.norm(params), 1e-12),
+        "update_rms_to_lr_ratio": update_norm / jnp.sqrt(size) / jnp.maximum(lr, 1e-30),
+    }
+
+
 def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, step_spec):
     """Returns the per-device ``learner_step(state, batch, replay, env_steps)``."""
     entropy_coeff_at = optim.piecewise_linear(loss_spec.entropy_coeff)
@@ -87,7 +109,8 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
     def loss_fn(params, batch: Batch, entropy_coeff):
         # The loss is a mean over this device's valid rows; weighting it by this device's share
         # of all valid rows makes the pmean of grads the gradient of the global mean, so N
-        # devices give the same update as one device with the whole batch.
+        # devices give the same update as one device with the whole batch (and the same for
+        # the global sum with loss_reduction="sum").
         valid = jnp.sum(batch.valid)
         weight = valid / jnp.maximum(jax.lax.pmean(valid, LEARNER_AXIS), 1e-6)
         t1, b = batch.obs.shape[:2]
@@ -131,6 +154,12 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
         for name in ("pi_loss", "vf_loss"):
             metrics[f"mean_{name}"] = metrics[name]
             metrics[name] = metrics[name] * total_valid
+        max_entropy = getattr(distribution, "max_entropy", None)
+        if max_entropy:  # None for a Gaussian, 0 for a one-action space: nothing to compare
+            metrics["entropy_fraction_of_max"] = metrics["entropy"] / max_entropy
+        if loss_spec.loss_reduction == "sum":
+            # The global mean times the global valid-row count is the global sum.
+            return loss * weight * total_valid, metrics
         return loss * weight, metrics
 
     def learner_step(state: LearnerState, batch: Batch, replay, env_steps):
@@ -165,6 +194,9 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
                 for group, group_grads in grads.items():
                     metrics[f"gradients_{group}_global_norm"] = optax.tree.norm(group_grads)
             updates, opt_state = optimizer.update(grads, opt_state, params, env_steps=env_steps)
+            metrics.update(
+                _step_size_metrics(updates, params, optim.current_lr(opt_spec, env_steps))
+            )
             params = optax.apply_updates(params, updates)
             return (params, opt_state), metrics
 

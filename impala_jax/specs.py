@@ -33,6 +33,7 @@ def loss_spec(config) -> LossSpec:
         clip_rho_threshold=config.vtrace_clip_rho_threshold,
         clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
         clip_rewards=clip_rewards(config),
+        loss_reduction=config.loss_reduction,
     )
 
 

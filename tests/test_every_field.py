@@ -234,6 +234,7 @@ FIELDS: dict[str, Any] = {
     "momentum": Spec(0.5, optimizer, also=RMSPROP),
     "epsilon": Spec(0.01, optimizer, also=RMSPROP),
     "vf_loss_coeff": Spec(0.1, loss),
+    "loss_reduction": Spec("sum", loss),
     "entropy_coeff": Spec(0.1, loss),
     "entropy_coeff_schedule": Spec([[0, 0.01], [1000, 0.0]], loss),
     "_separate_vf_optimizer": Spec(

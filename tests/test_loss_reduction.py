@@ -1,0 +1,190 @@
+"""training(loss_reduction=...): the IMPALA paper's summed loss against a hand-written TF1 RMSProp
+step, the step-size diagnostics, and the warning for a stalled optimizer (issue 17)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from impala_jax import IMPALAConfig
+from impala_jax.distributions import make_distribution
+from impala_jax.learner import Learner, LossSpec, StepSpec
+from impala_jax.networks import make_networks
+from impala_jax.optim import OptimizerSpec
+from impala_jax.vtrace import vtrace
+from tests.test_learner import ACT, OBS, B, random_batch
+
+# The IMPALA paper's Atari RMSProp (arXiv:1802.01561, table G.1): lr 6e-4, decay 0.99,
+# epsilon 0.01, momentum 0, global-norm clipping at 40.
+PAPER = dict(opt_type="rmsprop", lr=6e-4, decay=0.99, epsilon=0.01, momentum=0.0, grad_clip=40.0)
+GAMMA, VF_COEFF, ENTROPY = 0.99, 0.5, 0.01
+
+
+def _learner(reduction: str, num_devices: int = 1, **optimizer) -> Learner:
+    columns = B // num_devices
+    step = StepSpec(columns, 0, 0, columns, num_epochs=1, shuffle=False)
+    loss = LossSpec(GAMMA, VF_COEFF, ENTROPY, 1.0, 1.0, None, loss_reduction=reduction)
+    return Learner(
+        make_networks({"fcnet_hiddens": [16]}, OBS, ACT),
+        make_distribution(ACT),
+        OptimizerSpec(**{**PAPER, **optimizer}),
+        loss,
+        step,
+        jax.devices()[:num_devices],
+        jax.random.key(0),
+    )
+
+
+def _summed_loss(networks, params, batch):
+    """The paper's loss written out row by row: sums, not means, over the valid rows."""
+    n_rows = batch.obs.shape[0] * batch.obs.shape[1]
+    logits, values = networks.apply(params, batch.obs.reshape(n_rows, -1))
+    logits = logits.reshape(*batch.obs.shape[:2], -1)
+    values = values.reshape(batch.obs.shape[:2])
+    log_p = jax.nn.log_softmax(logits[:-1])
+    log_pi = jnp.take_along_axis(log_p, batch.action[..., None], -1)[..., 0]
+    log_mu = jnp.take_along_axis(
+        jax.nn.log_softmax(batch.behaviour_logits), batch.action[..., None], -1
+    )[..., 0]
+    mask = batch.valid
+    rho = jnp.exp(jax.lax.stop_gradient(log_pi) - log_mu) * mask
+    discount = GAMMA * (1.0 - batch.terminated.astype(jnp.float32))
+    sg = jax.lax.stop_gradient
+    targets = vtrace(sg(values[:-1]), sg(values[1:]), batch.reward, discount, rho)
+    entropy = -jnp.sum(jnp.exp(log_p) * log_p, -1)
+    pi_loss = -jnp.sum(mask * log_pi * targets.pg_advantages)
+    vf_loss = 0.5 * jnp.sum(mask * jnp.square(targets.vs - values[:-1]))
+    return pi_loss + VF_COEFF * vf_loss - ENTROPY * jnp.sum(mask * entropy)
+
+
+def _tf1_rmsprop_step(grads, lr, decay, epsilon, clip):
+    """tf.train.RMSPropOptimizer's first step after global-norm clipping, in numpy."""
+    leaves = [np.asarray(g, np.float64) for g in jax.tree.leaves(grads)]
+    norm = math.sqrt(sum(float(np.sum(g * g)) for g in leaves))
+    scale = min(1.0, clip / norm)
+    steps = []
+    for g in leaves:
+        g = g * scale
+        ms = decay * 1.0 + (1 - decay) * g * g  # the mean square starts at 1
+        steps.append(-lr * g / np.sqrt(ms + epsilon))
+    return steps
+
+
+def _params_delta(learner, batch):
+    before = jax.device_get(learner.state.params)
+    metrics = jax.device_get(learner.update(learner.put_batch(batch), env_steps=0))
+    after = jax.device_get(learner.state.params)
+    pairs = zip(jax.tree.leaves(after), jax.tree.leaves(before), strict=True)
+    delta = [np.asarray(a, np.float64) - b for a, b in pairs]
+    return before, delta, metrics
+
+
+@pytest.mark.parametrize("clip", [40.0, 0.5])  # 0.5: the clip is active on this small net
+def test_a_summed_loss_step_is_the_papers_tf1_rmsprop_step(clip):
+    batch = random_batch(0)
+    learner = _learner("sum", grad_clip=clip)
+    networks = make_networks({"fcnet_hiddens": [16]}, OBS, ACT)
+    before, delta, metrics = _params_delta(learner, batch)
+    to_jax = jax.tree.map(jnp.asarray, batch._replace(param_version=None))
+    grads = jax.grad(_summed_loss, argnums=1)(networks, before, to_jax)
+    expected = _tf1_rmsprop_step(grads, PAPER["lr"], PAPER["decay"], PAPER["epsilon"], clip)
+    assert max(float(np.max(np.abs(e))) for e in expected) > 2e-5  # the step is not ~0
+    for got, want in zip(delta, expected, strict=True):
+        # atol: the delta of float32 params of size ~1 is exact only to ~1e-7.
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-7)
+    # The summed gradient is the mean's times the valid rows: the reported norm says so.
+    norm = math.sqrt(sum(float(np.sum(np.square(g))) for g in jax.tree.leaves(grads)))
+    np.testing.assert_allclose(metrics["gradients_default_optimizer_global_norm"], norm, rtol=1e-4)
+    assert (norm > clip) == (clip < 1), norm
+
+
+def test_the_mean_loss_step_is_n_times_smaller_before_rmsprop_and_much_smaller_after():
+    batch = random_batch(0)
+    rows = float(np.sum(batch.valid))
+    _, mean_delta, mean_m = _params_delta(_learner("mean"), batch)
+    _, sum_delta, sum_m = _params_delta(_learner("sum"), batch)
+    np.testing.assert_allclose(
+        sum_m["gradients_default_optimizer_global_norm"],
+        rows * mean_m["gradients_default_optimizer_global_norm"],
+        rtol=1e-4,
+    )
+    # The losses' metrics stay means either way (the same numbers are reported).
+    np.testing.assert_allclose(sum_m["mean_pi_loss"], mean_m["mean_pi_loss"], rtol=1e-5)
+
+    def rms(delta):
+        return math.sqrt(sum(float(np.sum(d * d)) for d in delta) / sum(d.size for d in delta))
+
+    assert rms(sum_delta) > 5 * rms(mean_delta)
+
+
+def test_step_size_and_entropy_diagnostics_are_what_they_say():
+    batch = random_batch(1)
+    before, delta, metrics = _params_delta(_learner("mean", opt_type="adam", lr=1e-3), batch)
+    size = sum(d.size for d in delta)
+    update_norm = math.sqrt(sum(float(np.sum(d * d)) for d in delta))
+    param_norm = math.sqrt(sum(float(np.sum(np.square(p))) for p in jax.tree.leaves(before)))
+    np.testing.assert_allclose(
+        metrics["update_to_param_norm_ratio"], update_norm / param_norm, 1e-4
+    )
+    rms_over_lr = update_norm / math.sqrt(size) / 1e-3
+    np.testing.assert_allclose(metrics["update_rms_to_lr_ratio"], rms_over_lr, rtol=1e-4)
+    assert 0.5 < metrics["update_rms_to_lr_ratio"] <= 1.0 + 1e-4  # Adam's first step: ~lr each
+    np.testing.assert_allclose(
+        metrics["entropy_fraction_of_max"], metrics["entropy"] / math.log(2), rtol=1e-5
+    )
+
+
+@pytest.mark.timeout(120)
+def test_one_and_two_devices_sum_the_same_loss():
+    assert len(jax.devices()) >= 2, "conftest forces two CPU devices"
+    deltas = []
+    for n in (1, 2):
+        _, delta, _ = _params_delta(_learner("sum", n), random_batch(2))
+        deltas.append(delta)
+    for a, b in zip(*deltas, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def _quiet_cartpole(env_config):
+    """CartPole paying 0.01 per step: small rewards, small mean-loss gradients."""
+    return gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda r: 0.01 * r)
+
+
+def _cartpole(reduction: str):
+    return (
+        IMPALAConfig()
+        .environment(_quiet_cartpole)
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=32, rollout_fragment_length=20)
+        .training(train_batch_size_per_learner=640, loss_reduction=reduction, **PAPER)
+        .rl_module(model_config={"fcnet_hiddens": [256, 256]})
+        .reporting(min_time_s_per_iteration=0, min_train_timesteps_per_iteration=12 * 640)
+        .debugging(seed=0)
+    )
+
+
+@pytest.mark.timeout(240)
+def test_the_papers_rmsprop_with_a_mean_loss_warns_that_the_policy_will_not_move():
+    with _cartpole("mean").build() as algo, pytest.warns(RuntimeWarning) as caught:
+        result = algo.train()
+    (warning,) = [w for w in caught if "barely move" in str(w.message)]
+    message = str(warning.message)
+    assert "epsilon=0.01" in message and "loss_reduction='sum'" in message, message
+    assert result["learners"]["default_policy"]["update_rms_to_lr_ratio"] < 1e-2
+    with _cartpole("sum").build() as algo:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = algo.train()
+            algo.train()  # checked once: no second look, no warning later either
+    assert not [w for w in caught if "barely move" in str(w.message)]
+    assert result["learners"]["default_policy"]["update_rms_to_lr_ratio"] > 1e-2
+
+
+def test_loss_reduction_is_validated():
+    with pytest.raises(ValueError, match="loss_reduction"):
+        IMPALAConfig().training(loss_reduction="average").validate()
