@@ -337,15 +337,33 @@ def _collective(fn, what: str, extra_s: float = 0.0):
         raise
 
 
+def to_int32_words(values: np.ndarray) -> np.ndarray:
+    """Integers of up to 62 bits as int32 pairs [..., 2] (high, low 31 bits): without x64, JAX
+    would truncate int64 to int32, and env-step counters pass 2^31 in long runs."""
+    values = np.asarray(values, np.int64)
+    if np.any(np.abs(values) >= 2**62):
+        raise OverflowError(f"a value of {values.ravel()[:4]} does not fit 62 bits")
+    return np.stack([values >> 31, values & (2**31 - 1)], axis=-1).astype(np.int32)
+
+
+def from_int32_words(words: np.ndarray) -> np.ndarray:
+    words = np.asarray(words, np.int64)
+    return (words[..., 0] << 31) + words[..., 1]
+
+
 def allgather(values, what: str, extra_s: float = 0.0) -> np.ndarray:
-    """Every process's ``values`` (same shape and dtype on each): an array [processes, ...]."""
+    """Every process's ``values`` (same shape and dtype on each): an array [processes, ...].
+    64-bit integers travel as int32 pairs, so they arrive exact."""
     from jax.experimental import multihost_utils
 
     values = np.asarray(values)
     if process_count() == 1:
         return values[None]
-    got = _collective(lambda: multihost_utils.process_allgather(values), what, extra_s)
-    return np.asarray(got).reshape(process_count(), *values.shape)
+    wide = values.dtype in (np.int64, np.uint64)
+    sent = to_int32_words(values) if wide else values
+    got = _collective(lambda: multihost_utils.process_allgather(sent), what, extra_s)
+    got = np.asarray(got).reshape(process_count(), *sent.shape)
+    return from_int32_words(got).astype(values.dtype) if wide else got
 
 
 def broadcast(values, what: str, extra_s: float = 0.0) -> np.ndarray:

@@ -305,11 +305,12 @@ class Learner:
 
         def compile_step():
             if self._multiprocess:
-                lowered = self._step.lower(self.state, device_batch, self.replay, np.int32(0))
+                zero = optim.env_steps_operand(0)
+                lowered = self._step.lower(self.state, device_batch, self.replay, zero)
                 self._compiled = lowered.compile()
                 return
             out = self._step(
-                copy(self.state), device_batch, copy(self.replay), jnp.zeros((), jnp.int32)
+                copy(self.state), device_batch, copy(self.replay), jnp.zeros((2,), jnp.float32)
             )
             jax.block_until_ready(out)
 
@@ -327,10 +328,12 @@ class Learner:
         self.wait_for_warm_up()  # one compilation, not two racing ones
         if self.step_spec.replay_columns and self.replay == ():
             self.init_replay(device_batch)
+        # [hi, lo] float32 (optim.env_steps_operand): past 2^31 env steps as exact as before.
+        env_steps = optim.env_steps_operand(env_steps)
         if self._multiprocess:  # a host value: the same on every process
-            step, env_steps = self._compiled or self._step, np.int32(env_steps)
+            step = self._compiled or self._step
         else:
-            step, env_steps = self._step, jnp.asarray(env_steps, jnp.int32)
+            step, env_steps = self._step, jnp.asarray(env_steps)
         self.state, self.replay, metrics = step(self.state, device_batch, self.replay, env_steps)
         return metrics
 

@@ -2,9 +2,11 @@
 non-finite gradients and an optional separate value-function optimizer.
 
 `make_optimizer(spec)` returns an optax `GradientTransformationExtraArgs` whose update is called as
-`update(grads, state, params, env_steps=...)`. `env_steps` is the traced int32 env-step counter
-(RLlib's `num_env_steps_sampled_lifetime`); the learning rate is read from it inside the compiled
-learner step, so a schedule never causes a retrace.
+`update(grads, state, params, env_steps=...)`. `env_steps` is the traced env-step counter
+(RLlib's `num_env_steps_sampled_lifetime`) as `env_steps_operand` packs it: two float32 whose
+sum is the count, exact up to 2^48 (int32 would overflow at 2.1 G env steps, and one float32
+rounds to 256 steps there). The learning rate is read from it inside the compiled learner step,
+so a schedule never causes a retrace.
 
 Chain (per parameter group when the vf optimizer is separate):
 
@@ -23,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 Schedule = float | tuple[tuple[int | float, float], ...]
@@ -58,6 +61,19 @@ def _normalise_schedule(spec: Any) -> Schedule:
     return tuple(points)
 
 
+def _split(x: float) -> tuple[np.float32, np.float32]:
+    """``x`` as float32 ``hi + lo`` (a double-float): exact for integers below 2^48."""
+    hi = np.float32(x)
+    return hi, np.float32(x - float(hi))
+
+
+def env_steps_operand(env_steps: int) -> np.ndarray:
+    """The env-step counter as the learner step takes it: float32 ``[hi, lo]``, sum exact."""
+    if not 0 <= env_steps < 2**48:
+        raise OverflowError(f"env_steps={env_steps!r} is outside [0, 2^48).")
+    return np.array(_split(int(env_steps)), np.float32)
+
+
 def piecewise_linear(spec: Any) -> Callable[[jax.Array], jax.Array]:
     """Schedule as a traceable function of the env-step counter.
 
@@ -65,16 +81,37 @@ def piecewise_linear(spec: Any) -> Callable[[jax.Array], jax.Array]:
     increasing timesteps. Between points the value is interpolated linearly in the env-step
     counter; past the last point it is held at the last value, as RLlib's `Scheduler` does
     (a `PiecewiseSchedule` whose `outside_value` is the last value). Returns float32.
+
+    The counter is a scalar or `env_steps_operand`'s ``[hi, lo]`` pair. The value is a sum of
+    clamped ramps, ``y0 + sum_k (y_{k+1} - y_k) clip((t - x_k) / (x_{k+1} - x_k), 0, 1)``, with
+    ``t - x_k`` taken as ``(hi - x_k_hi) + (lo - x_k_lo)``: near a breakpoint, where it matters,
+    the difference is exact however large the counter (no float32 rounding of 3e9 to 256 steps).
     """
     spec = _normalise_schedule(spec)
     if isinstance(spec, float):
         value = spec
         return lambda env_steps: jnp.full((), value, jnp.float32)
-    xs = jnp.asarray([t for t, _ in spec], jnp.float32)
-    ys = jnp.asarray([v for _, v in spec], jnp.float32)
-    # jnp.interp clamps to the end values outside [xs[0], xs[-1]], which is RLlib's outside_value
-    # on the right; on the left nothing happens because env_steps >= 0 = xs[0].
-    return lambda env_steps: jnp.interp(jnp.asarray(env_steps, jnp.float32), xs, ys)
+    y0 = float(spec[0][1])
+    if len(spec) == 1:
+        return lambda env_steps: jnp.full((), y0, jnp.float32)
+    starts = [_split(t) for t, _ in spec[:-1]]
+    x_hi = jnp.asarray([h for h, _ in starts], jnp.float32)
+    x_lo = jnp.asarray([lo for _, lo in starts], jnp.float32)
+    pairs = list(zip(spec, spec[1:], strict=False))
+    widths = np.asarray([float(b) - float(a) for (a, _), (b, _) in pairs], np.float32)
+    rises = np.asarray([float(b) - float(a) for (_, a), (_, b) in pairs], np.float32)
+
+    def schedule(env_steps):
+        steps = jnp.asarray(env_steps)
+        if steps.shape == (2,):
+            hi, lo = steps[0].astype(jnp.float32), steps[1].astype(jnp.float32)
+        else:
+            hi, lo = steps.astype(jnp.float32), jnp.zeros((), jnp.float32)
+        since = (hi - x_hi) + (lo - x_lo)  # t - x_k per segment
+        fraction = jnp.clip(since / widths, 0.0, 1.0)
+        return (y0 + jnp.sum(rises * fraction)).astype(jnp.float32)
+
+    return schedule
 
 
 @dataclasses.dataclass(frozen=True)

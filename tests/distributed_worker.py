@@ -75,7 +75,9 @@ def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: 
         total = parallel.data_parallel(
             lambda v: jax.lax.psum(v, LEARNER_AXIS), mesh, (P(LEARNER_AXIS),), P()
         )(x)
-        np.savez(out, total=np.asarray(total))
+        # Env-step counters past 2^31 (int64) arrive exact, not truncated to int32 by JAX.
+        counts = distributed.allgather(np.array([3_000_000_000 + me, -(2**40)], np.int64), "t")
+        np.savez(out, total=np.asarray(total), counts=counts)
     elif mode == "update":
         from tests.test_learner import B, make_learner, random_batch
 

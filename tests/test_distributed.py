@@ -97,6 +97,20 @@ def test_psum_across_two_processes(tmp_path):
     for out in _run_processes("psum", tmp_path):
         with np.load(out) as got:
             np.testing.assert_array_equal(got["total"], [3.0])  # 1 + 2, on each process
+            big = [[3_000_000_000, -(2**40)], [3_000_000_001, -(2**40)]]
+            np.testing.assert_array_equal(got["counts"], big)
+            assert got["counts"].dtype == np.int64
+
+
+def test_int64_travels_as_exact_int32_words():
+    from impala_jax import distributed
+
+    values = np.array([0, 1, 2**31 - 1, 2**31, 3_000_000_123, 2**61 + 5, -7, -(2**40)], np.int64)
+    words = distributed.to_int32_words(values)
+    assert words.dtype == np.int32 and words.shape == (8, 2)
+    np.testing.assert_array_equal(distributed.from_int32_words(words), values)
+    with pytest.raises(OverflowError):
+        distributed.to_int32_words(np.array([2**62]))
 
 
 @pytest.mark.timeout(300)

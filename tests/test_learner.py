@@ -134,3 +134,46 @@ def test_mix_replay_draws_uniformly_from_filled_slots():
     expected = len(draws) / 8
     assert np.all(np.abs(freq - expected) < 4 * np.sqrt(expected))
     assert int(replay.count[0]) == 3 * 4
+
+
+@pytest.mark.timeout(120)
+def test_a_step_past_2_31_env_steps_reads_the_schedule_there():
+    schedule = [[0, 1e-2], [3_000_000_000, 1e-2], [3_000_002_000, 0.0]]
+    columns = B
+    learner = Learner(
+        make_networks({"fcnet_hiddens": [8]}, OBS, ACT),
+        make_distribution(ACT),
+        OptimizerSpec(lr=schedule),
+        LossSpec(0.99, 0.5, [[0, 0.01], [3_000_000_000, 0.01], [3_000_002_000, 0.0]], 1, 1, None),
+        StepSpec(columns, 0, 0, columns, 1, False),
+        jax.devices()[:1],
+        jax.random.key(0),
+    )
+    metrics = learner.update(learner.put_batch(random_batch(0)), env_steps=3_000_000_500)
+    metrics = jax.device_get(metrics)
+    np.testing.assert_allclose(metrics["curr_lr"], 0.75e-2, rtol=1e-5)
+    np.testing.assert_allclose(metrics["curr_entropy_coeff"], 0.0075, rtol=1e-5)
+
+
+@pytest.mark.timeout(240)
+def test_training_continues_past_2_31_env_steps_with_its_lr_schedule(tmp_path):
+    from tests.test_algorithm import small_config
+
+    start = 3_000_000_000
+    ramp = 100_000  # the lr falls to 0 over the 100 K env steps after 3 G
+    config = small_config().training(lr=[[0, 1e-3], [start, 1e-3], [start + ramp, 0.0]])
+    with config.build() as algo:
+        algo.train()
+        state = algo.get_state()
+        state["counters"]["num_env_steps_sampled_lifetime"] = start
+        algo.set_state(state)
+        result = algo.train()
+        assert result["num_env_steps_sampled_lifetime"] > start
+        lr = result["learners"]["default_policy"]["curr_lr"]
+        steps = result["num_env_steps_sampled_lifetime"]
+        # The lr is read at the counter of the iteration's last update, <= the result's count.
+        assert 1e-3 * (1 - (steps - start) / ramp) * (1 - 1e-6) <= lr < 1e-3 * (1 - 1 / ramp)
+        path = algo.save(tmp_path / "checkpoint")
+    with config.build() as again:
+        again.restore(path)
+        assert again.train()["num_env_steps_sampled_lifetime"] > steps

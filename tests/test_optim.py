@@ -197,6 +197,31 @@ def test_schedule_interpolates_like_rllib():
     np.testing.assert_allclose(fn(jnp.int32(200)), 0.3, rtol=1e-6)
 
 
+def test_schedules_stay_exact_past_2_31_env_steps():
+    # A DMLab-scale run: breakpoints a thousand steps apart at 3 G env steps. int32 overflows
+    # at 2^31; one float32 rounds 3e9 + 1 to 3e9 (a step of 256 there).
+    endpoints = [[0, 1.0], [3_000_000_000, 1.0], [3_000_001_000, 0.0], [2**45, 0.5]]
+    fn = jax.jit(optim.piecewise_linear(endpoints))
+    for t in [
+        2**31 - 1,
+        2**31,
+        2**31 + 1,
+        3 * 10**9,
+        3 * 10**9 + 1,
+        3 * 10**9 + 500,
+        3 * 10**9 + 999,
+        3 * 10**9 + 1000,
+        3 * 10**9 + 1001,
+        2**40,
+        2**45,
+        2**47,
+    ]:
+        got = fn(optim.env_steps_operand(t))
+        np.testing.assert_allclose(got, _rllib_piecewise(endpoints, t), rtol=0, atol=2e-6)
+    with pytest.raises(OverflowError, match="env_steps"):
+        optim.env_steps_operand(2**48)
+
+
 def test_constant_schedule():
     fn = optim.piecewise_linear(3e-4)
     for t in [0, 5, 10**7]:
