@@ -119,6 +119,11 @@ class Display:
             + (f"  ETA {_clock(eta)}" if eta is not None else "")
         )
 
+    def runners_down(self, report: str) -> None:
+        """No env runner samples (every one failed, restarts pending): say so, and why."""
+        self.status = "waiting: no env runner is sampling (restarts pending)"
+        self.note(report)
+
     def note(self, text: str) -> None:
         """A message that must be seen in every mode but silent (interrupts, warnings): on
         stderr."""

@@ -185,6 +185,7 @@ class EnvRunner:
 
     def _make_envs(self, seed: int) -> None:
         config = self.config
+        self.steps_since_rebuild = 0  # env steps (send/recv rounds) since the envs were built
         offset = 0
         for size in self._sizes:
             # envpool seeds env i with seed + i: space the seeds so no two envs share one.
@@ -310,6 +311,7 @@ class EnvRunner:
             for g, buf in zip(self.groups, bufs, strict=True):
                 with timers.time("env_recv"):
                     obs, reward, terminated, truncated = g.env.recv()
+                self.steps_since_rebuild += 1
                 obs = self._checked(g, obs, reward)
                 buf["reward"][t] = reward
                 buf["terminated"][t] = terminated
@@ -372,6 +374,37 @@ class EnvRunner:
             g.env.close()
 
 
+# A failure seen this many times in a row, identical each time (same error, same place, same env
+# step since the envs were rebuilt), is a bug in the env, not bad luck: retrying cannot help.
+IDENTICAL_FAILURES_TO_STOP = 3
+
+
+def failure_signature(err: BaseException, runner: EnvRunner) -> tuple:
+    """What makes two failures "the same": type, message, the raising line, and how many env
+    steps after a rebuild it came (a flaky env fails at a random step, a broken one at one)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    where = (frames[-1].filename, frames[-1].lineno) if frames else None
+    steps = getattr(runner, "steps_since_rebuild", None)
+    return (type(err).__name__, str(err)[:1000], where, steps)
+
+
+class RepeatTracker:
+    """Counts identical failures in a row (``failure_signature``); any other failure, or a
+    fragment produced in between (``reset``), starts the count again."""
+
+    def __init__(self):
+        self.signature: tuple | None = None
+        self.count = 0
+
+    def add(self, signature: tuple) -> int:
+        self.count = self.count + 1 if signature == self.signature else 1
+        self.signature = signature
+        return self.count
+
+    def reset(self) -> None:
+        self.signature, self.count = None, 0
+
+
 class RunnerThread(threading.Thread):
     """Runs an EnvRunner until stopped or abandoned, putting fragments on the learner queue.
 
@@ -390,7 +423,11 @@ class RunnerThread(threading.Thread):
         self.stop_event = threading.Event()  # set by stop() or when the runner is abandoned
         self.error: BaseException | None = None
         self.error_traceback: str | None = None
+        self.error_time: float | None = None  # time.time() of the failure
         self.waiting_on_queue = False
+        # Identical failures in a row, across this thread's env rebuilds.
+        self.repeats = RepeatTracker()
+        self.fragments = 0  # fragments handed to the learner queue
 
     def run(self) -> None:
         failures = 0
@@ -399,12 +436,16 @@ class RunnerThread(threading.Thread):
                 try:
                     fragments = self.runner.sample()
                     failures = 0
+                    self.repeats.reset()
                 except EnvOutputError:
                     raise
-                except Exception:
+                except Exception as err:
                     failures += 1
+                    same = self.repeats.add(failure_signature(err, self.runner))
                     if not self._restart_envs or failures > self._tolerance:
                         raise
+                    if same >= IDENTICAL_FAILURES_TO_STOP:
+                        raise  # rebuilding the envs again would fail the same way
                     self.runner.restart_envs()
                     continue
                 for traj in fragments:
@@ -414,10 +455,14 @@ class RunnerThread(threading.Thread):
                     if not self._put(traj, self.stop_event):
                         return
                     self.waiting_on_queue = False
+                    self.fragments += 1
                     self.runner.heartbeat = time.monotonic()
                     self.runner.timers.add("queue_put_wait", time.perf_counter() - started)
         except BaseException as err:  # reported by train(), which owns the run
             self.error_traceback = traceback.format_exc()
+            self.error_time = time.time()
+            if self.repeats.signature is None:  # a failure outside sampling (building the envs)
+                self.repeats.add(failure_signature(err, self.runner))
             self.error = err
         finally:
             self.runner.close()

@@ -11,6 +11,7 @@ EnvRunnerGroup plays the same part across Ray actors.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -20,14 +21,33 @@ import numpy as np
 
 from impala_jax.buffers import Batcher, LearnerQueue, LearnerQueueTimeout, Loader, stack
 from impala_jax.env_runner import (
+    IDENTICAL_FAILURES_TO_STOP,
     EnvOutputError,
     EnvRunner,
     ParamStore,
+    RepeatTracker,
     RunnerThread,
+    failure_signature,
     initial_carry,
 )
 from impala_jax.metrics import Timers
 from impala_jax.metrics_logger import MetricsLogger
+
+logger = logging.getLogger(__name__)
+
+# While no runner samples, the learner's wait reports why at most this often (seconds).
+DOWN_REPORT_EVERY_S = 10.0
+TOLERANCE_KNOBS = (
+    "fault_tolerance(delay_between_env_runner_restarts_s=..., max_num_env_runner_restarts=..., "
+    "num_consecutive_env_runner_failures_tolerance=..., ignore_env_runner_failures=...)"
+)
+
+
+def _hopeless(count: int) -> str:
+    return (
+        f"{count} times in a row with the same error at the same env step after each rebuild "
+        "of its envs: a bug in the env or its config, not bad luck, so it is not rebuilt again"
+    )
 
 
 class EnvRunnerFailure(RuntimeError):
@@ -81,6 +101,11 @@ class EnvRunnerGroup:
         self._num_env_restarts_base = 0
         self._num_dropped_episodes_base = 0
         self._last_failure: RunnerThread | None = None
+        self._failed: dict[int, RunnerThread] = {}  # runner slot -> its last failed thread
+        self._repeats: dict[int, RepeatTracker] = {}  # identical failures across restarts
+        # Called with a report while no runner samples (the CLI shows it); default: a log line.
+        self.on_down: Callable[[str], None] = logger.warning
+        self._down_reported: tuple[str | None, float] = (None, 0.0)
         self.action_dtype = self._warm_up_act(observation_space)
 
     def _warm_up_act(self, observation_space) -> np.dtype:
@@ -192,27 +217,84 @@ class EnvRunnerGroup:
                 item = self._loader.get(timeout=min(0.5, timeout))
                 if item is not None:
                     return item
+                down = self.down_report()
+                if down is not None:
+                    # No runner samples: the wait is for a scheduled restart (bounded by the
+                    # restart delay and max_num_env_runner_restarts), not for slow envs.
+                    self._report_down(down)
+                    continue
                 waited += min(0.5, timeout)
                 if waited >= timeout:
                     raise LearnerQueueTimeout(
                         f"the learner waited {timeout:g} s for a batch "
                         f"(training(learner_queue_timeout={timeout:g})); the env runners are "
                         "slower than that or stalled: raise learner_queue_timeout for slow envs."
+                        + self._failures_so_far()
                     )
+
+    def down_report(self) -> str | None:
+        """Why no runner samples, when none does and restarts are pending; else None."""
+        if self._threads or not self._pending_restarts:
+            return None
+        now = time.monotonic()
+        lines = ["No EnvRunner is sampling; the learner waits for a restart."]
+        for index, due in sorted(self._pending_restarts.items()):
+            thread = self._failed.get(index)
+            error = f"{type(thread.error).__name__}: {thread.error}" if thread else "unknown"
+            when = (
+                time.strftime("%H:%M:%S", time.localtime(thread.error_time or 0)) if thread else "?"
+            )
+            lines.append(
+                f"  EnvRunner {index} failed at {when} with {error}; its restart is due in "
+                f"{max(0.0, due - now):.0f} s (restart {self.num_restarts + 1} of at most "
+                f"{self.config.max_num_env_runner_restarts})"
+            )
+        last = self._last_failure
+        if last is not None and last.error_traceback:
+            lines.append(f"  last traceback (EnvRunner {last.runner.index}):")
+            lines.extend("    " + line for line in last.error_traceback.rstrip().splitlines())
+        lines.append(f"  To change the tolerance: {TOLERANCE_KNOBS}.")
+        return "\n".join(lines)
+
+    def _report_down(self, report: str) -> None:
+        key = report.split("\n", 2)[1] if "\n" in report else report
+        key = key.split("; its restart is due")[0]  # the same failure, not the countdown
+        last_key, last_time = self._down_reported
+        now = time.monotonic()
+        if key != last_key or now - last_time >= DOWN_REPORT_EVERY_S:
+            self._down_reported = (key, now)
+            self.on_down(report)
+
+    def _failures_so_far(self) -> str:
+        if not self._failed:
+            return ""
+        parts = [
+            f"EnvRunner {i}: {type(t.error).__name__}: {t.error}"
+            for i, t in sorted(self._failed.items())
+        ]
+        return " Runner failures so far: " + "; ".join(parts) + "."
 
     def sample(self) -> list:
         """One lockstep fragment per env group; env failures restart the envs if configured."""
         cfg = self.config
         runner = self.runners[0]
         tolerance = cfg.num_consecutive_env_runner_failures_tolerance
+        repeats = RepeatTracker()
         for attempt in range(tolerance + 1):
             try:
                 return runner.sample()
             except EnvOutputError:
                 raise
-            except Exception:
+            except Exception as err:
+                same = repeats.add(failure_signature(err, runner))
                 if not cfg.restart_failed_sub_environments or attempt == tolerance:
                     raise
+                if same >= IDENTICAL_FAILURES_TO_STOP:
+                    self.stop()
+                    raise EnvRunnerFailure(
+                        f"the lockstep EnvRunner failed {_hopeless(same)}: "
+                        f"{type(err).__name__}: {err}"
+                    ) from err
                 runner.restart_envs()
         raise AssertionError("unreachable")
 
@@ -247,8 +329,19 @@ class EnvRunnerGroup:
             self.num_failures += 1
             self._consecutive_failures += 1
             self._last_failure = thread
+            self._failed[index] = thread
             fatal = isinstance(thread.error, EnvOutputError)
-            if (
+            same = self._count_repeats(index, thread)
+            hopeless = same >= IDENTICAL_FAILURES_TO_STOP
+            if hopeless and not cfg.ignore_env_runner_failures:
+                self._raise_failure(thread, _hopeless(same))
+            if hopeless:
+                logger.warning(
+                    "EnvRunner %d failed %s; ignore_env_runner_failures=True: the others go on.",
+                    index,
+                    _hopeless(same),
+                )
+            elif (
                 not fatal
                 and cfg.restart_failed_env_runners
                 and (
@@ -277,6 +370,18 @@ class EnvRunnerGroup:
                 )
         if not self._threads and not self._pending_restarts:
             self._raise_failure(self._last_failure, "and no healthy EnvRunner is left")
+
+    def _count_repeats(self, index: int, thread: RunnerThread) -> int:
+        """Identical failures in a row of runner slot ``index``, over its env rebuilds inside
+        the thread and its restarts as a new thread (one that produced a fragment counts
+        afresh)."""
+        tracker = self._repeats.setdefault(index, RepeatTracker())
+        own = thread.repeats
+        if thread.fragments or own.signature != tracker.signature:
+            tracker.signature, tracker.count = own.signature, own.count
+        else:
+            tracker.count += own.count
+        return tracker.count
 
     def _retire(self, runner: EnvRunner) -> None:
         """Keeps a runner's counts and finished episodes when it leaves the live set."""

@@ -92,9 +92,13 @@ class FlakyCartPole(gym.Wrapper):
 
 
 class SeededFault(gym.Env):
-    """Fails (raise or hang) in ``step`` when first reset with a seed >= ``from_seed``.
+    """Fails (raise or hang) in ``step`` when first reset with a seed in
+    ``[from_seed, until_seed)``.
 
-    Runner i gets seeds ``seed + i * num_envs``, so ``from_seed`` picks which runners fail.
+    Runner i gets seeds ``seed + i * num_envs``, so ``from_seed`` picks which runners fail
+    (a restarted runner gets seeds after every first-generation runner's: ``until_seed`` can
+    spare it). The same error at the same step every time, unless ``vary`` puts the env's
+    seed in the message.
     """
 
     observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
@@ -103,6 +107,8 @@ class SeededFault(gym.Env):
     def __init__(self, config=None):
         config = dict(config or {})
         self.from_seed = config.get("from_seed", 0)
+        self.until_seed = config.get("until_seed", float("inf"))
+        self.vary = config.get("vary", False)
         self.mode = config.get("mode", "raise")
         self.hang_s = config.get("hang_s", 5.0)
         self.faulty = None
@@ -110,7 +116,8 @@ class SeededFault(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         if self.faulty is None:
-            self.faulty = seed is not None and seed >= self.from_seed
+            self.faulty = seed is not None and self.from_seed <= seed < self.until_seed
+            self.seed = seed
         self._t = 0
         return np.zeros(2, np.float32), {}
 
@@ -119,6 +126,8 @@ class SeededFault(gym.Env):
         if self.faulty and self._t > 3:
             if self.mode == "hang":
                 time.sleep(self.hang_s)
+            elif self.vary:
+                raise RuntimeError(f"injected runner failure (env seed {self.seed})")
             else:
                 raise RuntimeError("injected runner failure")
         return np.zeros(2, np.float32), 1.0, self._t >= 10, False, {}

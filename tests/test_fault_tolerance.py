@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import pytest
 
+from impala_jax.env_runner_group import EnvRunnerFailure
 from impala_jax.learner import Learner
 from tests.fake_envs import FlakyCartPole, NaNRewardEnv, SeededFault
 from tests.test_algorithm import small_config
@@ -70,7 +71,10 @@ def test_one_always_failing_runner_is_ignored():
 
 @pytest.mark.timeout(180)
 def test_failed_runner_is_replaced_until_restarts_run_out():
-    config = fault_config(SeededFault, from_seed=3).fault_tolerance(max_num_env_runner_restarts=3)
+    # A different message each time (the env's seed): not the same failure repeating.
+    config = fault_config(SeededFault, from_seed=3, vary=True).fault_tolerance(
+        max_num_env_runner_restarts=3
+    )
     algo = config.build()
     trained = 0
     with pytest.raises(RuntimeError, match="does not recover") as info:
@@ -96,6 +100,65 @@ def test_all_runners_failing_raise_with_the_original_traceback():
     assert "injected runner failure" in str(info.value)
     assert "Traceback" in str(info.value)
     algo.stop()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_env_runners", [0, 2])
+def test_a_hopeless_env_ends_the_run_in_seconds_with_its_error(num_env_runners):
+    # Every env fails at its 4th step after every rebuild: a bug, not bad luck. RLlib's and the
+    # default tolerances (100 rebuilds in a row, a 60 s delay before each runner restart, a
+    # 300 s learner timeout) would take many minutes to give up.
+    config = (
+        fault_config(SeededFault, num_env_runners=num_env_runners, from_seed=0)
+        .training(learner_queue_timeout=300)
+        .fault_tolerance(
+            restart_failed_sub_environments=True, delay_between_env_runner_restarts_s=60.0
+        )
+    )
+    algo = config.build()
+    started = time.monotonic()
+    try:
+        with pytest.raises(EnvRunnerFailure) as info:
+            algo.train()
+    finally:
+        algo.stop()
+    assert time.monotonic() - started < 30
+    message = str(info.value)
+    assert "3 times in a row with the same error at the same env step" in message, message
+    assert "injected runner failure" in message and "a bug in the env" in message
+    if num_env_runners:
+        assert "Traceback" in message and "fake_envs.py" in message
+        assert algo.env_runner_group.num_restarts == 0  # not rebuilt again, not restarted
+    assert algo.env_runner_group.runners[0].num_env_restarts == 2 or num_env_runners
+
+
+@pytest.mark.timeout(120)
+def test_while_every_runner_waits_for_its_restart_the_wait_says_why():
+    # First-generation runners (env seeds 0-3) fail; their replacements (seeds 6 on) work. A
+    # learner timeout shorter than the restart delay: waiting for a restart is not "slow envs".
+    config = (
+        fault_config(SeededFault, from_seed=0, until_seed=4)
+        .training(learner_queue_timeout=5.0)
+        .fault_tolerance(delay_between_env_runner_restarts_s=6.0)
+    )
+    with config.build() as algo:
+        reports = []
+        algo.env_runner_group.on_down = reports.append
+        result = algo.train()
+        assert result["fault_tolerance"]["num_remote_worker_restarts"] == 2
+        assert result["num_env_steps_trained_lifetime"] > 0
+    assert reports, "the wait said nothing"
+    report = reports[0]
+    assert report.startswith("No EnvRunner is sampling"), report
+    for needed in (
+        "EnvRunner 0 failed at",
+        "EnvRunner 1 failed at",
+        "injected runner failure",
+        "its restart is due in",
+        "Traceback",
+        "delay_between_env_runner_restarts_s",
+    ):
+        assert needed in report, (needed, report)
 
 
 @pytest.mark.timeout(180)
