@@ -5,10 +5,13 @@ A checkpoint is a directory ``arrays/`` (orbax) + ``state.json``, and with
 as a flax msgpack file that loads without impala_jax (``flax.serialization.msgpack_restore``).
 It is written into a temporary sibling directory and renamed into place at the end, so a
 process killed during a save leaves the previous checkpoint (or none), never a half-written one.
+``manifest.json``, written last, holds every file's size and sha256: a load checks them, so a
+truncated array file, an edited ``state.json`` or a missing file is refused with its name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +25,53 @@ FORMAT = "impala_jax/1"
 STATE_FILE = "state.json"
 ARRAYS_DIR = "arrays"
 NATIVE_PARAMS_FILE = "params.msgpack"
+MANIFEST_FILE = "manifest.json"
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint whose files are not the ones save() wrote (the message names the file)."""
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _manifest(root: Path) -> dict[str, list]:
+    """{relative path: [size, sha256]} of every file under ``root`` but the manifest."""
+    files = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel != MANIFEST_FILE:
+            files[rel] = [path.stat().st_size, _digest(path)]
+    return files
+
+
+def verify(path: str | os.PathLike) -> None:
+    """Raises CorruptCheckpoint naming the first file that differs from what save() wrote.
+    Checkpoints written before manifests existed pass unchecked."""
+    path = Path(path)
+    manifest = path / MANIFEST_FILE
+    if not manifest.is_file():
+        return
+    try:
+        expected = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise CorruptCheckpoint(
+            f"{manifest} is corrupt ({err}): the checkpoint cannot be checked"
+        ) from err
+    for rel, (size, digest) in expected.items():
+        file = path / rel
+        if not file.is_file():
+            raise CorruptCheckpoint(f"{file} is missing (the checkpoint listed it when written)")
+        actual = file.stat().st_size
+        if actual != size:
+            raise CorruptCheckpoint(f"{file} has {actual} bytes, {size} were written: truncated")
+        if _digest(file) != digest:
+            raise CorruptCheckpoint(f"{file} differs from what was written (sha256 mismatch)")
 
 
 def native_params(params) -> bytes:
@@ -90,6 +140,10 @@ def save(
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+        with open(tmp / MANIFEST_FILE, "w") as f:
+            json.dump({"format": FORMAT, "files": _manifest(tmp)}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.rename(path, old)
@@ -115,6 +169,7 @@ def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
             f"{path} is not an impala_jax checkpoint (expected {STATE_FILE} and {ARRAYS_DIR}/ "
             "inside it); give the directory that save() returned."
         )
+    verify(path)
     try:
         with open(path / STATE_FILE) as f:
             meta = json.load(f)

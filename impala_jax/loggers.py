@@ -141,7 +141,14 @@ class CSVLogger:
             fields, rows = self._read()
             self._fields = fields
             if resume_iteration is not None:
-                kept = [r for r in rows if _float(r.get("training_iteration")) <= resume_iteration]
+                # Rows past the checkpoint, and a row cut short by a kill (missing fields).
+                kept = [
+                    r
+                    for r in rows
+                    if _float(r.get("training_iteration")) <= resume_iteration
+                    and None not in r.values()
+                    and None not in r
+                ]
                 if len(kept) != len(rows):
                     self._rewrite(kept)
 

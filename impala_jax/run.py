@@ -81,6 +81,7 @@ from impala_jax.jax_setup import DEFAULT_COMPILE_CACHE, enable_compile_cache, se
 from impala_jax.run_dir import (
     checkpoint_config,
     checkpoint_path,
+    checkpoints,
     new_run_dir,
     resume_point,
     save_checkpoint,
@@ -157,6 +158,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=3,
         metavar="N",
         help="how many of the newest checkpoints to keep (default 3)",
+    )
+    parser.add_argument(
+        "--on-checkpoint-error",
+        choices=("warn", "stop"),
+        default="warn",
+        help="when a checkpoint cannot be written (disk full, permission denied, I/O error): "
+        "warn and train on, the next save trying again (default), or stop the run; either way "
+        "the previous checkpoint stays intact",
     )
     parser.add_argument(
         "--resume",
@@ -375,12 +384,39 @@ def main(argv: list[str] | None = None) -> int:
             return _train(
                 args, config, stop, run_dir, name, record, resume_from, display, interrupt
             )
-        except distributed.PeerLost as err:
+        except (distributed.PeerLost, CheckpointFailed) as err:
             display.close()
             print(f"impala_jax.run: error: {err}", file=sys.stderr)
             return EXIT_FAILED
         finally:
             display.close()
+
+
+class CheckpointFailed(RuntimeError):
+    """A checkpoint could not be written and --on-checkpoint-error says stop."""
+
+
+def _checkpoint(algo, run_dir, iteration, args, display, final: bool = False):
+    """Saves checkpoint ``iteration``; on a failure (the previous checkpoint stays intact, as
+    checkpoint.save writes beside it and renames) warns and returns None, or raises
+    CheckpointFailed, as --on-checkpoint-error says. The final save always raises."""
+    try:
+        return save_checkpoint(algo, run_dir, iteration, args.keep_checkpoints)
+    except Exception as err:  # OSError (ENOSPC, EACCES, EIO), orbax's errors, ...
+        found = checkpoints(run_dir)
+        previous = f"the newest intact one is {found[-1][1]}" if found else "there is none yet"
+        what = (
+            f"checkpoint {checkpoint_path(run_dir, iteration)} could not be written "
+            f"({type(err).__name__}: {err}); {previous}"
+        )
+        if final or args.on_checkpoint_error == "stop":
+            resume = f"; resume with: python -m impala_jax.run --resume {run_dir}" if found else ""
+            raise CheckpointFailed(f"{what}; the run stopped{resume}") from err
+        display.note(
+            f"warning: {what}. Training goes on and the next save tries again "
+            "(--on-checkpoint-error stop stops the run instead)."
+        )
+        return None
 
 
 def _join(args) -> None:
@@ -465,12 +501,12 @@ def _loop(algo, args, stop, run_dir, display, interrupt, writers, iteration: int
         if reason or signum:
             break
         if primary and args.checkpoint_freq and iteration % args.checkpoint_freq == 0:
-            save_checkpoint(algo, run_dir, iteration, args.keep_checkpoints)
-            saved_at = iteration
+            if _checkpoint(algo, run_dir, iteration, args, display) is not None:
+                saved_at = iteration
     if saved_at == iteration or not primary:
         path = checkpoint_path(run_dir, iteration) if primary else None
     else:
-        path = save_checkpoint(algo, run_dir, iteration, args.keep_checkpoints)
+        path = _checkpoint(algo, run_dir, iteration, args, display, final=True)
     elapsed = time.perf_counter() - display.started
     display.status = "stopped" if reason else "interrupted"
     steps = (

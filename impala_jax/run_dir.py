@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -63,15 +64,40 @@ def save_checkpoint(algo, run_dir: Path, iteration: int, keep: int) -> Path:
     return path
 
 
+def intact(checkpoint: Path) -> str | None:
+    """None when ``checkpoint`` reads back as written, else why not (naming the file)."""
+    from impala_jax.checkpoint import STATE_FILE, CorruptCheckpoint, verify
+
+    try:
+        verify(checkpoint)
+        json.loads((checkpoint / STATE_FILE).read_text())["config"]
+    except CorruptCheckpoint as err:
+        return str(err)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{checkpoint / STATE_FILE} does not read ({type(err).__name__}: {err})"
+    return None
+
+
 def resume_point(run_dir: Path) -> tuple[dict, Path]:
-    """The run record of ``run_dir`` and its newest complete checkpoint, for ``--resume``."""
+    """The run record of ``run_dir`` and its newest intact checkpoint, for ``--resume``;
+    a newer one that is damaged is skipped with a note on stderr saying why."""
     if not (run_dir / RUN_FILE).is_file():
         raise RunError(f"--resume {run_dir}: not a run directory (no {RUN_FILE})")
     record = json.loads((run_dir / RUN_FILE).read_text())
     found = checkpoints(run_dir)
     if not found:
         raise RunError(f"--resume {run_dir}: no checkpoint to resume from")
-    return record, found[-1][1]
+    problems = []
+    for _, path in reversed(found):
+        problem = intact(path)
+        if problem is None:
+            for note in problems:
+                print(f"impala_jax.run: skipped a damaged checkpoint: {note}", file=sys.stderr)
+            return record, path
+        problems.append(problem)
+    raise RunError(
+        f"--resume {run_dir}: no intact checkpoint to resume from; " + "; ".join(problems)
+    )
 
 
 def checkpoint_config(checkpoint: Path):

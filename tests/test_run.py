@@ -403,3 +403,78 @@ def test_cli_runs_an_rllib_example_with_its_arguments_and_real_wandb_offline(tmp
         ):
             assert row[key] == pytest.approx(metrics.lookup(result, key)), key
         assert not any(k.startswith("config/") for k in row)  # the config is not a scalar
+
+
+def _scalars_as_tensorboard_reads_them(run_dir: Path) -> dict[str, list[int]]:
+    """Every event file in write order, with TensorBoard's purge: a SessionLog START at step s
+    (tensorboardX's purge_step on resume) drops what earlier files logged at steps >= s."""
+    from tensorboardX.proto import event_pb2
+
+    steps: dict[str, list[int]] = {}
+    for path in sorted(run_dir.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime):
+        data, pos = path.read_bytes(), 0
+        while pos + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            if pos + 12 + length + 4 > len(data):
+                break  # a record cut short by the kill: TensorBoard skips it too
+            event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + length])
+            pos += 12 + length + 4
+            if event.HasField("session_log") and event.session_log.status == 1:  # START
+                steps = {tag: [s for s in got if s < event.step] for tag, got in steps.items()}
+            for value in event.summary.value:
+                steps.setdefault(value.tag, []).append(event.step)
+    return steps
+
+
+@pytest.mark.timeout(300)
+def test_cli_sigkill_mid_run_then_resume_leaves_one_clean_history(tmp_path):
+    freq = 2
+    argv = [*TINY, "--stop", "num_env_steps_sampled_lifetime=1e9", "--logdir", str(tmp_path)]
+    proc = subprocess.Popen(
+        cli(CARTPOLE, *argv, "--checkpoint-freq", str(freq)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+    )
+    try:
+        lines = [proc.stdout.readline() for _ in range(5)]
+        assert all(line.startswith("iter ") for line in lines), lines
+        proc.kill()  # SIGKILL: no handler runs, whatever was being written stays as it was
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    (run_dir,) = tmp_path.iterdir()
+    killed_at = results(run_dir)[-1]["training_iteration"]
+    (saved_at, _), *_ = checkpoints(run_dir)[-1:]
+    assert killed_at - saved_at <= freq  # lost no more than --checkpoint-freq iterations
+    # A kill can cut the last line of either file: make sure one is cut.
+    with open(run_dir / "result.json", "a") as f:
+        f.write('{"training_iteration": 99, "env_runn')
+    with open(run_dir / "progress.csv", "a") as f:
+        f.write("1.5,")
+
+    until = killed_at + 3
+    proc = subprocess.run(
+        cli("--resume", str(run_dir), "--stop", f"training_iteration={until}", "--quiet"),
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=ROOT,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    history = results(run_dir)  # every line parses
+    assert [r["training_iteration"] for r in history] == list(range(1, until + 1))
+    steps = [r["num_env_steps_sampled_lifetime"] for r in history]
+    assert steps == sorted(set(steps))
+    with open(run_dir / "progress.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["training_iteration"]) for r in rows] == list(range(1, until + 1))
+    assert all(None not in r.values() for r in rows)
+    board = _scalars_as_tensorboard_reads_them(run_dir)
+    curve = board["env_runners/episode_return_mean"]
+    assert curve == sorted(set(curve)), curve  # one point per step, none from the killed life
+    assert board["training_iteration"] == steps
