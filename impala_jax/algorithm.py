@@ -21,7 +21,7 @@ import numpy as np
 
 from impala_jax import checkpoint, distributed, parallel, specs
 from impala_jax.buffers import MinibatchBuffer
-from impala_jax.callbacks import Callbacks
+from impala_jax.callbacks import Callbacks, UserCodeError
 from impala_jax.checkpointable import Checkpointable
 from impala_jax.distributions import make_distribution
 from impala_jax.env_runner import make_act_fns
@@ -323,13 +323,13 @@ class IMPALA(Checkpointable):
             raise RuntimeError("this IMPALA was stopped; build a new one from its config.")
         try:
             result = self._train()
-        except EnvRunnerFailure:
-            self.stop()
+            # RLlib calls it after the result is compiled: what it logs lands in the next one.
+            self._callbacks.call(
+                "on_train_result", algorithm=self, metrics_logger=self.metrics, result=result
+            )
+        except (EnvRunnerFailure, UserCodeError):
+            self.stop()  # threads end; checkpoints already written stay as they are
             raise
-        # RLlib calls it after the result is compiled: what it logs lands in the next result.
-        self._callbacks.call(
-            "on_train_result", algorithm=self, metrics_logger=self.metrics, result=result
-        )
         return result
 
     def _train(self) -> dict:

@@ -255,9 +255,45 @@ class Callbacks:
         return hook in self._receivers
 
     def call(self, hook: str, **kwargs) -> None:
-        """Class methods first, then the per-event callables, in order (RLlib's order)."""
+        """Class methods first, then the per-event callables, in order (RLlib's order).
+
+        An exception from one is re-raised as `UserCodeError` naming the hook and the callable
+        (the original, with its traceback, is its ``__cause__``): a bug in user code, which no
+        restart fixes."""
         for fn in self._receivers.get(hook, ()):
-            fn(**kwargs)
+            try:
+                fn(**kwargs)
+            except Exception as err:
+                raise UserCodeError(f"the {hook} callback {describe(fn)}", err) from err
+
+
+class UserCodeError(RuntimeError):
+    """User code (a callback, a custom evaluation function) raised: the run stops, not retried.
+
+    The message names the code and the error, with the original traceback in it; the original
+    exception is ``__cause__``."""
+
+    def __init__(self, what: str, error: BaseException):
+        import traceback
+
+        trace = "".join(traceback.format_exception(error)).rstrip()
+        super().__init__(
+            f"{what} raised {type(error).__name__}: {error}\n"
+            f"original traceback:\n{trace}\n"
+            "training stopped (threads ended, checkpoints already written are intact)."
+        )
+        self.error = error
+
+
+def describe(fn) -> str:
+    """``module.qualname`` of a callable (a bound method names its class)."""
+    owner = getattr(fn, "__self__", None)
+    if owner is not None and not isinstance(owner, type):
+        cls = type(owner)
+        return f"{cls.__module__}.{cls.__qualname__}.{getattr(fn, '__name__', fn)}"
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module else name
 
 
 _NO_HISTORY = (

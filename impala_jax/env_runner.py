@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from impala_jax.callbacks import EpisodeCallbacks
+from impala_jax.callbacks import EpisodeCallbacks, UserCodeError
 from impala_jax.envs import ActionAdapter, VecEnv, make_vec_env
 from impala_jax.metrics import Timers
 from impala_jax.metrics_logger import MetricsLogger
@@ -437,8 +437,8 @@ class RunnerThread(threading.Thread):
                     fragments = self.runner.sample()
                     failures = 0
                     self.repeats.reset()
-                except EnvOutputError:
-                    raise
+                except (EnvOutputError, UserCodeError):
+                    raise  # bad env output or a callback's bug: no rebuild fixes it
                 except Exception as err:
                     failures += 1
                     same = self.repeats.add(failure_signature(err, self.runner))

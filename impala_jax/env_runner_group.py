@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from impala_jax.buffers import Batcher, LearnerQueue, LearnerQueueTimeout, Loader, stack
+from impala_jax.callbacks import UserCodeError
 from impala_jax.env_runner import (
     IDENTICAL_FAILURES_TO_STOP,
     EnvOutputError,
@@ -283,7 +284,7 @@ class EnvRunnerGroup:
         for attempt in range(tolerance + 1):
             try:
                 return runner.sample()
-            except EnvOutputError:
+            except (EnvOutputError, UserCodeError):
                 raise
             except Exception as err:
                 same = repeats.add(failure_signature(err, runner))
@@ -330,7 +331,7 @@ class EnvRunnerGroup:
             self._consecutive_failures += 1
             self._last_failure = thread
             self._failed[index] = thread
-            fatal = isinstance(thread.error, EnvOutputError)
+            fatal = isinstance(thread.error, EnvOutputError | UserCodeError)
             same = self._count_repeats(index, thread)
             hopeless = same >= IDENTICAL_FAILURES_TO_STOP
             if hopeless and not cfg.ignore_env_runner_failures:

@@ -34,7 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from impala_jax.callbacks import EpisodeCallbacks
+from impala_jax.callbacks import EpisodeCallbacks, UserCodeError, describe
 from impala_jax.env_runner import ParamStore, initial_carry
 from impala_jax.envs import ActionAdapter, VecEnv, make_vec_env
 from impala_jax.metrics import EpisodeStats
@@ -332,6 +332,11 @@ class Evaluator:
                 self._groups = None
             episodes, steps = list(run.episodes), run.env_steps
         if run.error is not None:
+            if custom and not isinstance(run.error, UserCodeError):
+                fn = cfg.custom_evaluation_function
+                raise UserCodeError(
+                    f"evaluation(custom_evaluation_function={describe(fn)})", run.error
+                ) from run.error
             raise run.error
         self.num_episodes_lifetime += len(episodes)
         if custom:

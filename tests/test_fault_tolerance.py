@@ -296,3 +296,62 @@ def test_long_lockstep_run_has_flat_memory_and_threads():
     assert not threads1 - threads0, threads1 - threads0
     assert rss1 - rss0 < 40, (rss0, rss1)
     assert threading.active_count() <= threads_before + 1
+
+
+def _on_train_result(algorithm, result, **kwargs):
+    if result["training_iteration"] == 2:
+        raise KeyError("no_such_metric")
+
+
+def _on_episode_end(episode, **kwargs):
+    raise ZeroDivisionError("the user's episode metric divided by zero")
+
+
+def _custom_evaluation(algorithm, eval_workers):
+    raise ValueError("the user's evaluation could not load its reference scores")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "where,num_env_runners",
+    [("on_train_result", 0), ("on_episode_end", 0), ("on_episode_end", 2), ("evaluation", 0)],
+)
+def test_user_code_that_raises_stops_the_run_naming_it(tmp_path, where, num_env_runners):
+    config = small_config(num_env_runners=num_env_runners).fault_tolerance(
+        restart_failed_sub_environments=True, delay_between_env_runner_restarts_s=0.0
+    )
+    if where == "on_train_result":
+        config.callbacks(on_train_result=_on_train_result)
+        named = "on_train_result callback tests.test_fault_tolerance._on_train"
+        original = "KeyError"
+    elif where == "on_episode_end":
+        config.callbacks(on_episode_end=_on_episode_end)
+        named, original = (
+            "on_episode_end callback tests.test_fault_tolerance._on_episode_end",
+            ("ZeroDivisionError"),
+        )
+    else:
+        config.evaluation(evaluation_interval=2, custom_evaluation_function=_custom_evaluation)
+        named, original = (
+            "custom_evaluation_function=tests.test_fault_tolerance._custom_",
+            ("ValueError"),
+        )
+    algo = config.build()
+    saved = None
+    with pytest.raises(RuntimeError) as info:
+        for _ in range(20):
+            algo.train()
+            if saved is None:
+                saved = algo.save(tmp_path / "checkpoint")
+    message = str(info.value)
+    assert named in message and f"raised {original}" in message, message
+    assert "original traceback" in message and "test_fault_tolerance.py" in message
+    assert algo._stopped  # every thread ended
+    assert not [t for t in threading.enumerate() if t.name.startswith("EnvRunner-")]
+    if num_env_runners:
+        # Not taken for an env failure: the runner was not restarted, its envs not rebuilt.
+        assert algo.env_runner_group.num_restarts == 0
+        assert algo.env_runner_group.fault_tolerance_metrics()["num_env_restarts"] == 0
+    if saved is not None:
+        with small_config().build() as again:
+            again.restore(saved)  # the last checkpoint is intact
