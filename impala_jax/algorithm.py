@@ -126,6 +126,8 @@ class IMPALA(Checkpointable):
         # are agreed before every update (_next_batch) and process 0 writes and evaluates.
         self._processes = jax.process_count()
         self._primary = jax.process_index() == 0
+        if self._processes > 1:
+            distributed.check_same_config(checkpoint.jsonable(config.to_dict()))
         self._sampled_base = 0  # restored env steps of all processes (several processes)
         self._global_sampled = 0  # every process's env steps, as of the last agreement
         devices = parallel.learner_devices(config.num_learners)

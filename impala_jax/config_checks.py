@@ -603,8 +603,23 @@ class _Validator:
                 "model_config", f"unknown key(s) {unknown}; valid: {sorted(DEFAULT_MODEL_CONFIG)}"
             )
             return
-        for field, expected, value in model_config_problems(mc):
+        problems = model_config_problems(mc)
+        for field, expected, value in problems:
             self.fail(field, expected, value)
+        if mc.get("use_lstm") is True and not problems and self.ok("rollout_fragment_length"):
+            try:
+                T = self.c.get_rollout_fragment_length()
+            except Exception:  # a bad fragment length is reported by its own check
+                return
+            if mc["max_seq_len"] > T + 1:
+                self.fail(
+                    "model_config['max_seq_len']",
+                    f"longer than a fragment's {T + 1} rows (rollout_fragment_length={T}, "
+                    f"plus the bootstrap row): a chunk cannot outgrow the fragment, so values "
+                    f"above {T + 1} would all mean the same; set max_seq_len <= {T + 1} "
+                    f"({T + 1}: backprop through each whole fragment)",
+                    mc["max_seq_len"],
+                )
 
     def _evaluation(self) -> None:
         c, cfg = self, self.c

@@ -76,6 +76,31 @@ def _int(name: str, value) -> int:
         raise ValueError(f"{name}={value!r} must be an integer") from None
 
 
+def _checked(coordinator_address, num_processes, process_id) -> tuple[str, int, int]:
+    """The explicit (coordinator, count, id), checked; a ValueError names a bad one."""
+    if any(v is None for v in (coordinator_address, num_processes, process_id)):
+        raise ValueError(
+            "impala_jax.distributed.initialize needs all of coordinator_address, "
+            f"num_processes and process_id (got {coordinator_address!r}, {num_processes!r}, "
+            f"{process_id!r}); give the three, or none for JAX's cluster detection."
+        )
+    if not isinstance(coordinator_address, str) or not _ADDRESS.match(coordinator_address):
+        raise ValueError(
+            f"coordinator_address={coordinator_address!r} must be HOST:PORT of process 0, "
+            "e.g. 10.0.0.1:1234"
+        )
+    num_processes = _int("num_processes", num_processes)
+    process_id = _int("process_id", process_id)
+    if num_processes < 1:
+        raise ValueError(f"num_processes={num_processes} must be >= 1")
+    if not 0 <= process_id < num_processes:
+        raise ValueError(
+            f"process_id={process_id} must be in [0, {num_processes}) (num_processes="
+            f"{num_processes})"
+        )
+    return coordinator_address, num_processes, process_id
+
+
 def initialize(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
@@ -104,13 +129,7 @@ def initialize(
         return jax.process_count()
     asked = (coordinator_address, num_processes, process_id)
     asked += tuple(map(_from_env, (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID)))
-    if xla_bridge.backends_are_initialized():
-        if all(v is None for v in asked):  # e.g. the CLI's main() called in a JAX program
-            return jax.process_count()
-        raise RuntimeError(
-            "impala_jax.distributed.initialize() must come before anything uses JAX (before "
-            "build(), jax.devices(), any computation): JAX has started its backends already."
-        )
+    # The arguments first: a bad one is the error to report, whatever state JAX is in.
     if not collective_timeout_s or collective_timeout_s <= 0:
         raise ValueError(
             f"collective_timeout_s={collective_timeout_s!r} must be > 0 seconds (how long a "
@@ -122,6 +141,15 @@ def initialize(
     if process_id is None and _from_env(ENV_PROCESS_ID):
         process_id = _int(ENV_PROCESS_ID, _from_env(ENV_PROCESS_ID))
     explicit = (coordinator_address, num_processes, process_id)
+    if not all(v is None for v in explicit):
+        coordinator_address, num_processes, process_id = _checked(*explicit)
+    if xla_bridge.backends_are_initialized():
+        if all(v is None for v in asked):  # e.g. the CLI's main() called in a JAX program
+            return jax.process_count()
+        raise RuntimeError(
+            "impala_jax.distributed.initialize() must come before anything uses JAX (before "
+            "build(), jax.devices(), any computation): JAX has started its backends already."
+        )
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # A lost peer then fails the collectives of the others (which name it and stop) instead
     # of aborting every process from JAX's C++ error poller.
@@ -136,26 +164,6 @@ def initialize(
         except ValueError:  # no cluster environment detected: a single process
             return 1
     else:
-        if any(v is None for v in explicit):
-            raise ValueError(
-                "impala_jax.distributed.initialize needs all of coordinator_address, "
-                f"num_processes and process_id (got {coordinator_address!r}, {num_processes!r}, "
-                f"{process_id!r}); give the three, or none for JAX's cluster detection."
-            )
-        if not isinstance(coordinator_address, str) or not _ADDRESS.match(coordinator_address):
-            raise ValueError(
-                f"coordinator_address={coordinator_address!r} must be HOST:PORT of process 0, "
-                "e.g. 10.0.0.1:1234"
-            )
-        num_processes = _int("num_processes", num_processes)
-        process_id = _int("process_id", process_id)
-        if num_processes < 1:
-            raise ValueError(f"num_processes={num_processes} must be >= 1")
-        if not 0 <= process_id < num_processes:
-            raise ValueError(
-                f"process_id={process_id} must be in [0, {num_processes}) (num_processes="
-                f"{num_processes})"
-            )
         jax.distributed.initialize(coordinator_address, num_processes, process_id, **timeouts)
     _Run.collective_timeout_s = float(collective_timeout_s)
     _Run.heartbeat_timeout_s = float(heartbeat_timeout_s)
@@ -408,6 +416,39 @@ def allgather_json(obj, what: str) -> list:
     padded[: len(data)] = data
     gathered = allgather(padded, what)
     return [json.loads(bytes(gathered[i, : int(n)])) for i, n in enumerate(counts)]
+
+
+# Fields only process 0's value of which counts (it ends each iteration for all; logging is
+# per process): they may differ between processes.
+PROCESS_0_DECIDES = frozenset(
+    {
+        "min_time_s_per_iteration",
+        "min_sample_timesteps_per_iteration",
+        "min_train_timesteps_per_iteration",
+        "log_level",
+    }
+)
+
+
+def check_same_config(config: dict) -> None:
+    """Raises ValueError, on every process, when the processes built different configs (a
+    flag or override given to one host only): each field that differs, with every process's
+    value. The processes of one run must build one config."""
+    configs = allgather_json(config, "every process's config")
+    differ = sorted(
+        k
+        for k in config
+        if k not in PROCESS_0_DECIDES and any(c.get(k) != configs[0].get(k) for c in configs)
+    )
+    if differ:
+        details = "; ".join(
+            f"{k}: " + ", ".join(f"process {i}: {c.get(k)!r}" for i, c in enumerate(configs))
+            for k in differ[:8]
+        )
+        raise ValueError(
+            f"the {len(configs)} processes of this run built different configs ({details}); "
+            "run the same command, with the same experiment file and overrides, on every host."
+        )
 
 
 def broadcast_json(obj, what: str, extra_s: float = 0.0):

@@ -114,6 +114,15 @@ def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: 
                 saved_counters=np.asarray([saved_counters[k] for k in keys], np.float64),
                 restored_counters=np.asarray([restored[k] for k in keys], np.float64),
             )
+    elif mode == "mismatch":
+        # Process 1 was given another lr (an override on one host only): both refuse to build.
+        config = _config(me, 0).training(lr=1e-3 if me == 0 else 3e-4)
+        try:
+            config.build()
+        except ValueError as err:
+            np.savez(out, error=np.asarray(str(err)))
+        else:
+            raise AssertionError("built with different configs")
     elif mode == "runner_failure":
         # Only process 1's envs fail (their seeds start at PROCESS_SEED_STRIDE): both stop.
         from impala_jax.algorithm import PROCESS_SEED_STRIDE

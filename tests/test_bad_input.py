@@ -282,7 +282,39 @@ ENV_CASES = [
     ),
 ]
 
-ALL_CASES = CONFIG_CASES + ENV_CASES
+# The surfaces added later: recurrent configs and Tune's search spaces outside Tune. (LSTM with
+# replay is valid: replayed fragments carry their core states, tests/test_recurrent.py.)
+NEW_SURFACE_CASES = [
+    (
+        "lstm_max_seq_len_beyond_the_fragment",
+        lambda: (
+            small_config()
+            .env_runners(rollout_fragment_length=8)
+            .rl_module(model_config={"use_lstm": True, "max_seq_len": 20})
+            .validate()
+        ),
+        ValueError,
+        ["max_seq_len']=20", "rollout_fragment_length=8", "max_seq_len <= 9"],
+    ),
+    (
+        "lstm_cell_size_zero",
+        lambda: (
+            small_config()
+            .rl_module(model_config={"use_lstm": True, "lstm_cell_size": 0})
+            .validate()
+        ),
+        ValueError,
+        ["lstm_cell_size", "0"],
+    ),
+    (
+        "search_space_built_outside_tune",
+        lambda: cfg(lr={"grid_search": [1e-3, 1e-4]}).build(),
+        ValueError,
+        ["search spaces in ['lr']", "tune.Tuner(param_space=...)"],
+    ),
+]
+
+ALL_CASES = CONFIG_CASES + ENV_CASES + NEW_SURFACE_CASES
 
 
 @pytest.mark.timeout(120)
@@ -332,6 +364,7 @@ def test_checkpoint_misuse_is_clear_and_loses_nothing(trained):
     meta = json.loads((foreign_format / "state.json").read_text())
     meta["format"] = "someone-else/3"
     (foreign_format / "state.json").write_text(json.dumps(meta))
+    (foreign_format / "manifest.json").unlink()  # as another program's would have none
     cases.append((foreign_format, ValueError, "another program"))
     for bad, error, fragment in cases:
         with pytest.raises(error, match=fragment):
@@ -368,6 +401,38 @@ CLI_CASES = [
     ("unknown_field", ["{tmp}/ok.py", "training.learning_rate=1e-3"], ["learning_rate"]),
     ("invalid_value", ["{tmp}/ok.py", "training.lr=-1.0"], ["lr"]),
     ("malformed_override", ["{tmp}/ok.py", "training.lr"], ["training.lr"]),
+    # Multi-process flags (the processes that built different configs: test_distributed.py).
+    (
+        "coordinator_missing",
+        ["{tmp}/ok.py", "--num-processes", "2", "--process-id", "0"],
+        ["--coordinator", "go together"],
+    ),
+    (
+        "process_id_out_of_range",
+        [
+            "{tmp}/ok.py",
+            "--coordinator",
+            "127.0.0.1:1",
+            "--num-processes",
+            "2",
+            "--process-id",
+            "2",
+        ],
+        ["process_id=2", "[0, 2)"],
+    ),
+    (
+        "num_processes_zero",
+        [
+            "{tmp}/ok.py",
+            "--coordinator",
+            "127.0.0.1:1",
+            "--num-processes",
+            "0",
+            "--process-id",
+            "0",
+        ],
+        ["num_processes=0"],
+    ),
 ]
 
 

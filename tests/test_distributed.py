@@ -348,3 +348,12 @@ def test_cli_over_two_processes_killed_and_resumed(tmp_path):
     assert resumed[0]["num_env_steps_sampled_lifetime"] > saved["num_env_steps_sampled_lifetime"]
     assert resumed[0]["num_episodes_lifetime"] >= saved["num_episodes_lifetime"]
     assert list(logdir.iterdir()) == [run_dir]
+
+
+@pytest.mark.timeout(300)
+def test_processes_that_built_different_configs_refuse_to_start(tmp_path):
+    for out in _run_processes("mismatch", tmp_path):
+        with np.load(out) as got:
+            message = str(got["error"])
+        assert "built different configs" in message and "lr: process 0: 0.001" in message
+        assert "process 1: 0.0003" in message and "min_time_s_per_iteration" not in message

@@ -510,3 +510,16 @@ def test_cleanup_stops_every_thread_the_trial_started():
     while set(threading.enumerate()) - before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert set(threading.enumerate()) - before == set()
+
+
+@pytest.mark.timeout(240)
+def test_a_bad_value_in_a_dict_param_space_fails_its_trial_naming_the_field(ray_local, tmp_path):
+    # RLlib users hand Tune a plain dict; one grid point holds an invalid lr. That trial fails
+    # with impala_jax's validation message (field, value, fix); the other trains.
+    space = dict(small().to_dict(), lr=tune.grid_search([1e-3, -1.0]))
+    grid = _run(tmp_path, space, stop={"training_iteration": 1})
+    assert len(grid) == 2 and len(grid.errors) == 1
+    message = str(grid.errors[0])
+    assert "lr=-1.0: expected a float > 0" in message and ".training(lr=...)" in message
+    (good,) = [r for r in grid if r.error is None]
+    assert good.metrics["training_iteration"] == 1 and good.config["lr"] == 1e-3
