@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CUDA build of jaxlib only where a GPU driver is present.
 EXTRAS := test$(shell command -v nvidia-smi >/dev/null 2>&1 && echo ,cuda12)
 
-.PHONY: install run test test-slow bench lint format clean
+.PHONY: install run test test-slow bench soak lint format clean
 
 install: $(STAMP)
 
@@ -27,6 +27,10 @@ test-slow: install
 
 bench: install
 	$(BIN)/python -m benchmarks.run_all
+
+# 20 minutes of CartPole under runner kills and NaN batches (benchmarks/soak.py); not in bench.
+soak: install
+	$(BIN)/python -m benchmarks.soak
 
 lint: install
 	$(BIN)/ruff check impala_jax tests experiments benchmarks

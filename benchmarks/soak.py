@@ -1,0 +1,159 @@
+"""Soak: a long CartPole run under faults; does it keep learning with flat memory and threads?
+
+``make soak`` (= ``python -m benchmarks.soak``; ``--minutes M``, default 20). Not a CI test and
+not part of ``make bench``: it takes as long as it says. During the run:
+
+- every ``--kill-every`` seconds (30) one runner thread is broken (its env's ``send`` raises), so
+  fault tolerance replaces it;
+- every ``--nan-every`` seconds (60) one learner update gets a batch whose rewards are NaN, which
+  the non-finite guard must skip (counted in ``num_non_finite_updates``);
+- a checkpoint after every iteration (the newest 3 kept), each read back at once: an unreadable
+  one is counted, never expected.
+
+Reported (``results/soak.json``): the return over time, peak RSS and thread count sampled every
+iteration with their least-squares slopes per minute over the second half of the run (after
+warm-up), restarts, skipped NaN updates, checkpoints written and unreadable.
+"""
+
+from __future__ import annotations
+
+import resource
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from benchmarks import common
+
+
+def _rss_mib() -> float:
+    """The current resident set size (not the peak), from /proc."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * resource.getpagesize() / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _slope_per_min(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, value), per minute; 0 with fewer than 2 points."""
+    if len(points) < 2:
+        return 0.0
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if var == 0:
+        return 0.0
+    return 60.0 * sum((t - mt) * (v - mv) for t, v in points) / var
+
+
+def _break_a_runner(algo) -> bool:
+    runners = [r for r in algo.env_runner_group.runners if r.groups]
+    if not runners:
+        return False
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("runner killed by the soak test")
+
+    for group in runners[0].groups:
+        group.env.send = broken
+    return True
+
+
+def _poison_next_update(learner) -> None:
+    """The next update's batch carries NaN rewards (once)."""
+    import jax.numpy as jnp
+
+    real = learner.update
+
+    def update(batch, env_steps):
+        learner.update = real
+        return real(batch._replace(reward=batch.reward * jnp.nan), env_steps)
+
+    learner.update = update
+
+
+def run(minutes: float, kill_every: float, nan_every: float) -> dict:
+    from impala_jax import checkpoint
+
+    config = (
+        common.load_experiment()[0]
+        .env_runners(num_env_runners=2)
+        .fault_tolerance(delay_between_env_runner_restarts_s=0.0, max_num_env_runner_restarts=10**6)
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="impala_jax_soak_"))
+    samples, returns = [], []
+    written = unreadable = kills = poisons = 0
+    started = time.monotonic()
+    next_kill, next_nan = started + kill_every, started + nan_every
+    try:
+        with config.build() as algo:
+            while time.monotonic() - started < 60 * minutes:
+                now = time.monotonic()
+                if now >= next_kill:
+                    kills += _break_a_runner(algo)
+                    next_kill = now + kill_every
+                if now >= next_nan:
+                    _poison_next_update(algo.learner)
+                    poisons += 1
+                    next_nan = now + nan_every
+                result = algo.train()
+                t = time.monotonic() - started
+                path = algo.save(workdir / f"checkpoint_{result['training_iteration']:06d}")
+                written += 1
+                try:
+                    checkpoint.load(path)
+                except Exception:
+                    unreadable += 1
+                for old in sorted(workdir.glob("checkpoint_*"))[:-3]:
+                    shutil.rmtree(old, ignore_errors=True)
+                samples.append((t, _rss_mib(), threading.active_count()))
+                returns.append((t, result["env_runners"]["episode_return_mean"]))
+            ft = result["fault_tolerance"]
+            learner = result["learners"]["default_policy"]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    half = [s for s in samples if s[0] >= samples[-1][0] / 2]
+    finite = [r for _, r in returns if r == r]
+    last = [r for t, r in returns if t >= returns[-1][0] - 60 and r == r]
+    return {
+        "minutes": minutes,
+        "iterations": len(samples),
+        "env_steps": result["num_env_steps_sampled_lifetime"],
+        "runner_kills": kills,
+        "runner_restarts": ft["num_remote_worker_restarts"],
+        "nan_batches_injected": poisons,
+        "non_finite_updates_skipped": learner["num_non_finite_updates"],
+        "checkpoints_written": written,
+        "checkpoints_unreadable": unreadable,
+        "return_best": max(finite) if finite else None,
+        "return_mean_last_minute": sum(last) / len(last) if last else None,
+        "rss_mib_first_last_max": [samples[0][1], samples[-1][1], max(s[1] for s in samples)],
+        "rss_slope_mib_per_min_second_half": _slope_per_min([(t, r) for t, r, _ in half]),
+        "threads_first_last_max": [samples[0][2], samples[-1][2], max(s[2] for s in samples)],
+        "threads_slope_per_min_second_half": _slope_per_min([(t, n) for t, _, n in half]),
+        "returns": returns[:: max(1, len(returns) // 200)],
+    }
+
+
+def main(argv=None) -> dict:
+    args = common.parse_args(
+        argv,
+        __doc__.split("\n")[0],
+        minutes={"type": float, "default": 20.0, "help": "how long to run (default 20)"},
+        kill_every={"type": float, "default": 30.0, "help": "seconds between runner kills"},
+        nan_every={"type": float, "default": 60.0, "help": "seconds between NaN batches"},
+    )
+    minutes = 2.0 if args.quick else args.minutes
+    payload = run(minutes, args.kill_every, args.nan_every)
+    rows = [[k, v] for k, v in payload.items() if k != "returns"]
+    print(common.table(rows, ["soak", "value"]))
+    common.write_result("soak", payload, args.quick)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
