@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
+# benchmarks/gpu.sh points this elsewhere, so a device run does not overwrite this machine's.
+RESULTS = Path(os.environ.get("IMPALA_JAX_RESULTS") or REPO / "benchmarks" / "results")
 CARTPOLE_EXPERIMENT = REPO / "experiments" / "cartpole.py"
 
 SHARED_NOTE = (

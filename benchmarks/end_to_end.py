@@ -36,28 +36,41 @@ STAGES = {
 }
 
 
-def pong_config(quick: bool):
+def pong_config(quick: bool, envs=16, threads=1, encoder="nature_cnn", batch=160):
+    """The CPU default: 1 runner x 16 envs, T=20, batch 160, Nature CNN. A GPU run (gpu.sh)
+    gives more envs, envpool threads, the deep IMPALA CNN and the paper's batch (32 x 20)."""
     from impala_jax import IMPALAConfig
 
     return (
         IMPALAConfig()
         .environment("Pong-v5")
-        .env_runners(num_env_runners=1, num_envs_per_env_runner=16, rollout_fragment_length=20)
-        .training(lr=6e-4, train_batch_size_per_learner=160, entropy_coeff=0.01, grad_clip=40.0)
+        .env_runners(
+            num_env_runners=1,
+            num_envs_per_env_runner=envs,
+            num_cpus_per_env_runner=threads,
+            rollout_fragment_length=20,
+        )
+        .training(lr=6e-4, train_batch_size_per_learner=batch, entropy_coeff=0.01, grad_clip=40.0)
         .learners(num_learners=0)
-        .rl_module(model_config={"encoder": "nature_cnn"})
+        .rl_module(model_config={"encoder": encoder})
         .reporting(min_time_s_per_iteration=2.0)
         .debugging(seed=0)
     )
 
 
-def raw_envpool(env_id: str, num_envs: int, seconds: float, env=None):
-    """Random-action env steps/s of one synchronous envpool batch of ``num_envs``."""
+def raw_envpool(env_id: str, num_envs: int, seconds: float, env=None, num_threads: int = 0):
+    """Random-action env steps/s of one synchronous envpool batch of ``num_envs`` on
+    ``num_threads`` envpool threads (0: envpool's default)."""
     import envpool
 
     if env is None:
         env = envpool.make(
-            env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, seed=12345
+            env_id,
+            env_type="gymnasium",
+            num_envs=num_envs,
+            batch_size=num_envs,
+            seed=12345,
+            num_threads=num_threads,
         )
         env.reset()
     n_actions = env.action_space.n
@@ -90,7 +103,8 @@ def measure(
             if r and time.perf_counter() - started > budget_s:
                 break  # a slow learner (a CNN on CPU) gets fewer rounds, not a timeout
             time.sleep(settle_s)
-            raw, env = raw_envpool(env_id, num_envs, raw_s, env)
+            threads = config.num_cpus_per_env_runner if config.num_cpus_per_env_runner > 1 else 0
+            raw, env = raw_envpool(env_id, num_envs, raw_s, env, threads)
             # The first iteration after the pause carries the runner's blocked put and a full
             # queue: it is run but not counted.
             its = [algo.train() for _ in range(iters + 1)][1:]
@@ -151,16 +165,35 @@ def main(argv=None) -> dict:
         argv,
         __doc__.split("\n")[0],
         env={"choices": ["cartpole", "pong"], "default": "cartpole"},
+        pong_envs={"type": int, "default": 16, "help": "Pong envs (one runner)"},
+        pong_threads={"type": int, "default": 1, "help": "envpool threads for them (and raw)"},
+        pong_encoder={"default": "nature_cnn", "choices": ["nature_cnn", "impala_cnn"]},
+        pong_batch={"type": int, "default": 160, "help": "train_batch_size_per_learner"},
+        split={
+            "default": "auto",
+            "choices": ["auto", "on", "off"],
+            "help": "the runner's two alternating env groups: as the cores decide, forced on/off",
+        },
+        name={"default": None, "help": "result name (default end_to_end_<env>)"},
+        budget_s={"type": float, "default": None, "help": "seconds of rounds at most"},
     )
+    if args.split != "auto":
+        from impala_jax.env_runner import EnvRunner
+
+        EnvRunner.split_min_cpus = 0 if args.split == "on" else 10**6
     if args.env == "cartpole":
         config, _ = common.load_experiment()
         env_id = "CartPole-v1"
         rounds, iters, raw_s = (2, 1, 1.0) if args.quick else (4, 2, 1.5)
         budget_s = 60.0
     else:
-        config, env_id = pong_config(args.quick), "Pong-v5"
+        config = pong_config(
+            args.quick, args.pong_envs, args.pong_threads, args.pong_encoder, args.pong_batch
+        )
+        env_id = "Pong-v5"
         rounds, iters, raw_s = (1, 1, 2.0) if args.quick else (3, 1, 3.0)
         budget_s = 30.0 if args.quick else 60.0
+    budget_s = args.budget_s or budget_s
     out = measure(config, env_id, rounds, iters, raw_s, settle_s=0.3, budget_s=budget_s)
     frameskip = 4 if args.env == "pong" else 1
     rows = [
@@ -195,9 +228,13 @@ def main(argv=None) -> dict:
         out["frameskip"] = frameskip
         out["train_env_frames_per_s"] = out["train_env_steps_per_s"] * frameskip
         out["raw_envpool_frames_per_s"] = out["raw_envpool_steps_per_s"] * frameskip
-        out["config"] = "1 runner x 16 envs, T=20, batch 160, nature_cnn, 1 CPU learner device"
+        out["config"] = (
+            f"1 runner x {args.pong_envs} envs on {args.pong_threads} envpool threads, T=20, "
+            f"batch {args.pong_batch}, {args.pong_encoder}, split {args.split}"
+        )
         name = "end_to_end_pong"
-    common.write_result(name, out, args.quick)
+    out["split"] = args.split
+    common.write_result(args.name or name, out, args.quick)
     return out
 
 

@@ -120,12 +120,21 @@ def make_learner(kind: str, model_config: dict, b: int, num_devices: int):
     )
 
 
-def worker(device_counts: list[int], quick: bool, skip: set[str]) -> None:
+def _cases(quick: bool, atari_batches: list[int] | None) -> list:
+    cases = QUICK_CASES if quick else CASES
+    if atari_batches:  # e.g. a GPU's 32 (the paper's 32 x 20) and larger
+        cases = [c for c in cases if c[0] is not ATARI] + [(ATARI, b) for b in atari_batches]
+    return cases
+
+
+def worker(
+    device_counts: list[int], quick: bool, skip: set[str], atari_batches: list[int] | None = None
+) -> None:
     """Prints one JSON line per (case, devices) as soon as it is measured."""
     import jax
 
     reps = 5 if quick else 9
-    for (kind, model_config), b in QUICK_CASES if quick else CASES:
+    for (kind, model_config), b in _cases(quick, atari_batches):
         if f"{kind}:{b}" in skip or kind in skip:
             continue
         cases = {}
@@ -171,14 +180,20 @@ def worker(device_counts: list[int], quick: bool, skip: set[str]) -> None:
 
 
 def _spawn(
-    device_counts: list[int], forced: int | None, quick: bool, skip: set[str]
+    device_counts: list[int],
+    forced: int | None,
+    quick: bool,
+    skip: set[str],
+    platform: str = "cpu",
+    atari_batches: str = "",
 ) -> tuple[list, str | None]:
-    env = {"JAX_PLATFORMS": "cpu"}
+    env = {"JAX_PLATFORMS": "cpu"} if platform == "cpu" else {}
     if forced:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={forced}"
     argv = ["-m", "benchmarks.learner", "--worker", ",".join(map(str, device_counts))]
     argv += ["--quick"] if quick else []
     argv += ["--skip", ",".join(sorted(skip))] if skip else []
+    argv += ["--atari-batches", atari_batches] if atari_batches else []
     error = None
     try:
         proc = common.run_python(argv, WORKER_TIMEOUT_S, env)
@@ -198,17 +213,27 @@ def main(argv=None) -> dict:
         __doc__.split("\n")[0],
         worker={"default": None, "help": "internal: device counts to measure, e.g. 1,2"},
         skip={"default": "", "help": "internal: cases to skip, kind or kind:B, comma-separated"},
+        platform={
+            "default": "cpu",
+            "choices": ["cpu", "default"],
+            "help": "cpu (forced, and 1 vs 2 forced CPU devices) or JAX's default (a GPU: one "
+            "device, no forced-device run)",
+        },
+        atari_batches={"default": "", "help": "Atari batch columns B instead of 4,16: 32,128"},
     )
+    batches = [int(b) for b in args.atari_batches.split(",") if b]
     if args.worker:
         skip = set(filter(None, args.skip.split(",")))
-        worker([int(n) for n in args.worker.split(",")], args.quick, skip)
+        worker([int(n) for n in args.worker.split(",")], args.quick, skip, batches)
         return {}
-    one, error_one = _spawn([1], None, args.quick, set())
+    one, error_one = _spawn([1], None, args.quick, set(), args.platform, args.atari_batches)
     # Cases too slow on one device are not repeated with two (they would only add minutes).
     slow = {f"{e['case']}:{e['B']}" for e in one if e["step_ms"] > 1e3 * SLOW_STEP_S}
     measured = {f"{e['case']}:{e['B']}" for e in one}
-    not_measured = {f"{k}:{b}" for (k, _), b in CASES} - measured
-    both, error_two = _spawn([1, 2], 2, args.quick, slow | not_measured)
+    not_measured = {f"{k}:{b}" for (k, _), b in _cases(args.quick, batches)} - measured
+    both, error_two = [], "not run: one device of JAX's default platform"
+    if args.platform == "cpu":
+        both, error_two = _spawn([1, 2], 2, args.quick, slow | not_measured)
     rows, entries = [], []
     for e in one:
         match = {x["devices"]: x for x in both if (x["case"], x["B"]) == (e["case"], e["B"])}
