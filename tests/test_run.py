@@ -478,3 +478,32 @@ def test_cli_sigkill_mid_run_then_resume_leaves_one_clean_history(tmp_path):
     curve = board["env_runners/episode_return_mean"]
     assert curve == sorted(set(curve)), curve  # one point per step, none from the killed life
     assert board["training_iteration"] == steps
+
+
+def test_the_display_says_when_no_runner_samples(capsys):
+    shown = display.Display("plain", None, "run", {})
+    shown.runners_down("No EnvRunner is sampling; the learner waits for a restart.\n  ...")
+    assert shown.status.startswith("waiting: no env runner is sampling")
+    assert "No EnvRunner is sampling" in capsys.readouterr().err
+    quiet = display.Display("silent", None, "run", {})
+    quiet.runners_down("No EnvRunner is sampling")
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.timeout(120)
+def test_the_cli_shows_why_no_runner_samples(tmp_path, capsys):
+    # Both first-generation runners fail (env seeds 0-3); their replacements, 3 s later, work.
+    experiment = tmp_path / "down.py"
+    experiment.write_text(
+        "from tests.fake_envs import SeededFault\n"
+        "from tests.test_algorithm import small_config\n"
+        "config = (small_config(SeededFault, num_env_runners=2, num_envs_per_env_runner=2)\n"
+        "    .environment(env_config={'from_seed': 0, 'until_seed': 4})\n"
+        "    .training(train_batch_size_per_learner=16)\n"
+        "    .fault_tolerance(delay_between_env_runner_restarts_s=3.0))\n"
+    )
+    argv = [str(experiment), "--stop", "training_iteration=1", "--logdir", str(tmp_path / "r")]
+    assert run.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "No EnvRunner is sampling; the learner waits for a restart" in err, err
+    assert "EnvRunner 0 failed at" in err and "injected runner failure" in err
