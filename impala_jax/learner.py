@@ -186,7 +186,7 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
             # pmean below would be a no-op on an N-times-too-large gradient (invisible under
             # Adam, which is scale-invariant; wrong under RMSProp, clipping and the reported
             # norm). Cast to per-device values, each device's gradient is its own.
-            local = jax.lax.pcast(params, LEARNER_AXIS, to="varying")
+            local = parallel.per_device(params)
             grads, metrics = jax.grad(loss_fn, has_aux=True)(local, minibatch, entropy_coeff)
             grads = jax.lax.pmean(grads, LEARNER_AXIS)
             metrics = dict(metrics, gradients_default_optimizer_global_norm=optax.tree.norm(grads))
