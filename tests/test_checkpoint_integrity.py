@@ -65,8 +65,9 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(saved, tmp_path, damage
     with pytest.raises(CorruptCheckpoint) as info:
         checkpoint.load(copy)
     assert str(target) in str(info.value), info.value
-    with small_config().build() as algo, pytest.raises(ValueError, match=str(target.name)):
-        algo.restore(copy)
+    if damage is _truncate:  # and through the algorithm's restore (once: a build costs)
+        with small_config().build() as algo, pytest.raises(ValueError, match=str(target.name)):
+            algo.restore(copy)
 
 
 def _fail_fsync(fd):
@@ -84,34 +85,38 @@ class _BrokenCheckpointer:
         raise OSError(errno.EIO, "Input/output error (orbax)")
 
 
-@pytest.mark.parametrize("fault", ["no_space", "permission", "orbax_io"])
-def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint(tmp_path, monkeypatch, fault):
+def _inject(patch, fault: str, where: Path) -> None:
+    if fault == "no_space":
+        patch.setattr(checkpoint.os, "fsync", _fail_fsync)
+    elif fault == "permission":
+
+        def denied(*args, **kwargs):
+            raise PermissionError(errno.EACCES, "Permission denied", str(where))
+
+        patch.setattr(tempfile, "mkdtemp", denied)
+    else:
+        patch.setattr(checkpoint, "_local_checkpointer", _BrokenCheckpointer)
+
+
+def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     with small_config().build() as algo:
         algo.train()
         path = Path(algo.save(tmp_path / "checkpoint"))
         before = algo.get_state()
-        algo.train()
-        with monkeypatch.context() as patch:
-            if fault == "no_space":
-                patch.setattr(checkpoint.os, "fsync", _fail_fsync)
-            elif fault == "permission":
-
-                def denied(*args, **kwargs):
-                    raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path))
-
-                patch.setattr(tempfile, "mkdtemp", denied)
-            else:
-                patch.setattr(checkpoint, "_local_checkpointer", _BrokenCheckpointer)
-            with pytest.raises(OSError):
-                algo.save(path)
-        # The previous checkpoint is intact and is the one that loads; nothing is left beside.
-        checkpoint.verify(path)
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
-        algo.restore(path)
-        after = algo.get_state()
-    assert after["counters"] == before["counters"]
-    for a, b in zip(before["learner"], after["learner"], strict=True):
-        np.testing.assert_array_equal(a, b)
+        for fault in ("no_space", "permission", "orbax_io"):
+            algo.train()
+            with monkeypatch.context() as patch:
+                _inject(patch, fault, tmp_path)
+                with pytest.raises(OSError):
+                    algo.save(path)
+            # The previous checkpoint is intact and loads; nothing is left beside it.
+            checkpoint.verify(path)
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"], fault
+            algo.restore(path)
+            after = algo.get_state()
+            assert after["counters"] == before["counters"], fault
+            for a, b in zip(before["learner"], after["learner"], strict=True):
+                np.testing.assert_array_equal(a, b)
 
 
 def _cli(tmp_path, *extra):
