@@ -26,11 +26,15 @@ The run directory LOGDIR/NAME_TIMESTAMP/ receives params.json (the resolved conf
 (how the run was started), result.json (one JSON line per iteration, Tune's format),
 progress.csv, TensorBoard event files (step: env steps sampled), learning_curve.png (return
 against env steps, refreshed every few seconds), and checkpoints checkpoint_NNNNNN every
---checkpoint-freq iterations and at the end (the newest --keep-checkpoints are kept).
+--checkpoint-freq iterations and at the end (the newest --keep-checkpoints are kept). A save that
+fails (disk full, permission denied) leaves the previous checkpoint intact and, as
+--on-checkpoint-error says, warns and trains on (default) or stops the run.
 
 Ctrl-C (or SIGTERM) finishes the current iteration, saves a checkpoint and exits with the
 command that resumes the run; a second Ctrl-C exits at once. --resume RUN_DIR continues from the
-newest checkpoint with the same counters and appends to the same logs.
+newest intact checkpoint (a damaged one, which fails its manifest check, is skipped with a note)
+with the same counters and appends to the same logs, dropping what was logged after that
+checkpoint.
 
 A config that holds Ray Tune search spaces (tune.grid_search, tune.uniform, ... anywhere in
 the builder calls) runs as a Ray Tune sweep (impala_jax/sweep.py): one trial per point, each
