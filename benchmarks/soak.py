@@ -76,7 +76,8 @@ def _poison_next_update(learner) -> None:
     learner.update = update
 
 
-def run(minutes: float, kill_every: float, nan_every: float) -> dict:
+def run(minutes: float, kill_every: float, nan_every: float, checkpoints: bool = True) -> dict:
+    """``kill_every`` / ``nan_every`` <= 0 turn that fault off; ``checkpoints`` the saves."""
     from impala_jax import checkpoint
 
     config = (
@@ -88,7 +89,9 @@ def run(minutes: float, kill_every: float, nan_every: float) -> dict:
     samples, returns = [], []
     written = unreadable = kills = poisons = 0
     started = time.monotonic()
-    next_kill, next_nan = started + kill_every, started + nan_every
+    inf = float("inf")
+    next_kill = started + kill_every if kill_every > 0 else inf
+    next_nan = started + nan_every if nan_every > 0 else inf
     try:
         with config.build() as algo:
             while time.monotonic() - started < 60 * minutes:
@@ -102,14 +105,15 @@ def run(minutes: float, kill_every: float, nan_every: float) -> dict:
                     next_nan = now + nan_every
                 result = algo.train()
                 t = time.monotonic() - started
-                path = algo.save(workdir / f"checkpoint_{result['training_iteration']:06d}")
-                written += 1
-                try:
-                    checkpoint.load(path)
-                except Exception:
-                    unreadable += 1
-                for old in sorted(workdir.glob("checkpoint_*"))[:-3]:
-                    shutil.rmtree(old, ignore_errors=True)
+                if checkpoints:
+                    path = algo.save(workdir / f"checkpoint_{result['training_iteration']:06d}")
+                    written += 1
+                    try:
+                        checkpoint.load(path)
+                    except Exception:
+                        unreadable += 1
+                    for old in sorted(workdir.glob("checkpoint_*"))[:-3]:
+                        shutil.rmtree(old, ignore_errors=True)
                 samples.append((t, _rss_mib(), threading.active_count()))
                 returns.append((t, result["env_runners"]["episode_return_mean"]))
             ft = result["fault_tolerance"]
@@ -146,12 +150,19 @@ def main(argv=None) -> dict:
         minutes={"type": float, "default": 20.0, "help": "how long to run (default 20)"},
         kill_every={"type": float, "default": 30.0, "help": "seconds between runner kills"},
         nan_every={"type": float, "default": 60.0, "help": "seconds between NaN batches"},
+        no_checkpoints={"action": "store_true", "help": "no checkpoint per iteration"},
+        name={"default": "soak", "help": "result name"},
     )
     minutes = 2.0 if args.quick else args.minutes
-    payload = run(minutes, args.kill_every, args.nan_every)
+    payload = run(minutes, args.kill_every, args.nan_every, not args.no_checkpoints)
+    payload["faults"] = {
+        "kill_every_s": args.kill_every,
+        "nan_every_s": args.nan_every,
+        "checkpoint_every_iteration": not args.no_checkpoints,
+    }
     rows = [[k, v] for k, v in payload.items() if k != "returns"]
     print(common.table(rows, ["soak", "value"]))
-    common.write_result("soak", payload, args.quick)
+    common.write_result(args.name, payload, args.quick)
     return payload
 
 
