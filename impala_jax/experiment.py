@@ -289,7 +289,11 @@ LEARNER_KEYS = (
     "curr_entropy_coeff",
     "num_non_finite_updates",
     "num_consecutive_non_finite_updates",
+    "update_to_param_norm_ratio",  # learning diagnostics (learner._step_size_metrics)
+    "update_rms_to_lr_ratio",
 )
+# Reported for some action spaces only: entropy / its maximum (ln n for Discrete(n), none for Box).
+OPTIONAL_LEARNER_KEYS = ("entropy_fraction_of_max",)
 # What the module reports also when no update runs (debugging(_skip_learners=True)).
 LEARNER_COUNT_KEYS = (
     "num_env_steps_trained",
@@ -345,7 +349,8 @@ class ResultSchema:
     whose stage ran. ``open_prefixes``: any path under them can appear (``config/``, and
     ``evaluation/`` for a ``custom_evaluation_function``, which returns what it likes).
     ``callback_prefixes``: where the configured callbacks may log keys of their own (``""``:
-    anywhere).
+    anywhere). ``optional_keys`` (in ``keys`` too) appear for some envs only (an action space
+    with a maximum entropy).
     """
 
     keys: frozenset[str]
@@ -353,6 +358,7 @@ class ResultSchema:
     evaluation_keys: frozenset[str]
     open_prefixes: tuple[str, ...] = ()
     callback_prefixes: tuple[str, ...] = ()
+    optional_keys: frozenset[str] = frozenset()
 
     def known(self, path: str) -> bool:
         """Whether impala_jax itself can report ``path`` for this config."""
@@ -373,6 +379,7 @@ def result_schema(config) -> ResultSchema:
         + ITERATION_TIMERS
     )
     module_keys = LEARNER_COUNT_KEYS + (LEARNER_KEYS if learns else ())
+    optional = {f"learners/default_policy/{k}" for k in (OPTIONAL_LEARNER_KEYS if learns else ())}
     episodes = {f"env_runners/{k}" for k in EPISODE_KEYS}
     keys = (
         set(TOP_LEVEL_KEYS)
@@ -395,11 +402,12 @@ def result_schema(config) -> ResultSchema:
             }
             episodes |= {f"evaluation/env_runners/{k}" for k in EPISODE_KEYS}
     return ResultSchema(
-        keys=frozenset(keys | evaluation),
+        keys=frozenset(keys | evaluation | optional),
         episode_keys=frozenset(episodes),
         evaluation_keys=frozenset(evaluation),
         open_prefixes=open_prefixes,
         callback_prefixes=callback_prefixes(config),
+        optional_keys=frozenset(optional),
     )
 
 

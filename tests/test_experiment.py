@@ -186,7 +186,8 @@ def test_result_schema_is_what_train_reports(num_env_runners):
     # A key train() reports that the schema lacks: list it in experiment.py's key lists.
     assert sorted(k for k in first_keys | second_keys if not schema.known(k)) == []
     assert any(k.startswith(experiment.CONFIG_PREFIX) for k in first_keys)
-    not_yet = schema.episode_keys | schema.evaluation_keys
+    not_yet = schema.episode_keys | schema.evaluation_keys | schema.optional_keys
+    assert "learners/default_policy/entropy_fraction_of_max" in first_keys  # CartPole: Discrete
     assert sorted(schema.keys - first_keys - not_yet) == []
     assert schema.evaluation_keys <= second_keys  # the first evaluating iteration has them all
     assert not any(k.startswith("evaluation/") for k in first_keys)

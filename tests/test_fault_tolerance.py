@@ -336,6 +336,7 @@ def test_user_code_that_raises_stops_the_run_naming_it(tmp_path, where, num_env_
             "custom_evaluation_function=tests.test_fault_tolerance._custom_",
             ("ValueError"),
         )
+    before = set(threading.enumerate())  # an earlier test's abandoned (hung) threads stay
     algo = config.build()
     saved = None
     with pytest.raises(RuntimeError) as info:
@@ -347,7 +348,8 @@ def test_user_code_that_raises_stops_the_run_naming_it(tmp_path, where, num_env_
     assert named in message and f"raised {original}" in message, message
     assert "original traceback" in message and "test_fault_tolerance.py" in message
     assert algo._stopped  # every thread ended
-    assert not [t for t in threading.enumerate() if t.name.startswith("EnvRunner-")]
+    left = [t for t in set(threading.enumerate()) - before if t.name.startswith("EnvRunner-")]
+    assert not left, left
     if num_env_runners:
         # Not taken for an env failure: the runner was not restarted, its envs not rebuilt.
         assert algo.env_runner_group.num_restarts == 0
