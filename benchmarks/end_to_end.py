@@ -4,8 +4,17 @@
 Pong (envpool ``Pong-v5``, frameskip 4) with a small CPU config. After a warm-up iteration
 (compilation), rounds alternate: raw envpool stepping of the same number of envs with random
 actions (one ``envpool.make(..., num_envs=N)``, synchronous ``step``: the machine's ceiling),
-then ``train()`` iterations. The ratio is taken per round and its median reported, with the
-per-stage time breakdown from the result dicts' ``timers`` and ``perf``.
+then the compute-only loop (below), then ``train()`` iterations. Ratios are taken per round and
+their medians reported, with the per-stage time breakdown from the result dicts' ``timers`` and
+``perf``.
+
+The compute-only reference runs the algorithm's own compiled programs on synthetic data of the
+training shapes, no envs and no threads: per learner batch, ``batch / num_envs`` calls of the
+jitted ``act`` on one ``[num_envs, *obs]`` array (each fetched to the host, as a runner does)
+and one learner step (all its minibatch updates) on a throwaway copy of the learner state. Its
+env steps/s is what the machine's compute allows with nothing else running; with raw envpool
+stepping it gives the machine's ceiling, ``min(raw envpool, compute-only)``, and every
+end-to-end figure is also reported as a fraction of that ceiling, measured in the same round.
 
 While raw envpool runs, the paused algorithm's runner thread fills the bounded learner queue
 and then blocks, so after a short settling pause the raw figure is not shared with it; the
@@ -86,6 +95,48 @@ def raw_envpool(env_id: str, num_envs: int, seconds: float, env=None, num_thread
     return steps * num_envs / elapsed, env
 
 
+def compute_only(algo, seconds: float) -> float:
+    """Env steps/s of the compiled ``act`` and learner step alone, on zeros of the training
+    shapes (see the module docstring); the learner's own state is not touched."""
+    import jax
+    import jax.numpy as jnp
+
+    if algo.recurrent:
+        raise ValueError("compute_only times feedforward policies (CartPole, Pong)")
+    config = algo.config
+    envs = config.num_envs_per_env_runner
+    group = algo.env_runner_group
+    example = algo._example_batch(group.batcher.columns, group.action_dtype)
+    example = example._replace(valid=np.ones_like(example.valid))
+    batch_steps = example.valid.size
+    acts_per_batch = max(1, batch_steps // envs)
+    space = algo.observation_space
+    obs = np.zeros((envs, *space.shape), space.dtype)
+    params, _ = algo.param_store.get()
+    key = jax.device_put(jax.random.key(1), jax.tree.leaves(params)[0].sharding)
+    learner = algo.learner
+    copy = lambda tree: jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), tree)
+    state, replay = copy(learner.state), copy(learner.replay)
+    device_batch = learner.put_batch(example)
+    zero = jnp.zeros((2,), jnp.float32)
+
+    def one_batch(state, replay, key):
+        for _ in range(acts_per_batch):
+            action, _, key = algo._act(params, obs, key)
+            np.asarray(action)  # a runner fetches every action to step its envs
+        state, replay, metrics = learner._step(state, device_batch, replay, zero)
+        return state, replay, key, metrics
+
+    state, replay, key, metrics = one_batch(state, replay, key)  # compiled already; warm it
+    jax.block_until_ready(metrics)
+    batches, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds or batches == 0:
+        state, replay, key, metrics = one_batch(state, replay, key)
+        jax.block_until_ready(metrics)
+        batches += 1
+    return batches * batch_steps / (time.perf_counter() - started)
+
+
 def measure(
     config, env_id: str, rounds: int, iters: int, raw_s: float, settle_s: float, budget_s: float
 ):
@@ -105,6 +156,8 @@ def measure(
             time.sleep(settle_s)
             threads = config.num_cpus_per_env_runner if config.num_cpus_per_env_runner > 1 else 0
             raw, env = raw_envpool(env_id, num_envs, raw_s, env, threads)
+            compute = compute_only(algo, raw_s)
+            ceiling = min(raw, compute)
             # The first iteration after the pause carries the runner's blocked put and a full
             # queue: it is run but not counted.
             its = [algo.train() for _ in range(iters + 1)][1:]
@@ -119,6 +172,10 @@ def measure(
                     "train_env_steps_sampled_per_s": sampled / wall,
                     "train_env_steps_trained_per_s": trained / wall,
                     "ratio_sampled_to_raw": sampled / wall / raw,
+                    "compute_only_steps_per_s": compute,
+                    "ceiling_steps_per_s": ceiling,
+                    "ceiling_bound_by": "envpool" if raw <= compute else "compute",
+                    "ratio_sampled_to_ceiling": sampled / wall / ceiling,
                     "episode_return_mean": its[-1]["env_runners"]["episode_return_mean"],
                 }
             )
@@ -154,6 +211,9 @@ def measure(
         "train_env_steps_trained_per_s": common.median(pick("train_env_steps_trained_per_s")),
         "raw_envpool_steps_per_s": common.median(pick("raw_envpool_steps_per_s")),
         "ratio_to_raw": common.median(pick("ratio_sampled_to_raw")),
+        "compute_only_steps_per_s": common.median(pick("compute_only_steps_per_s")),
+        "ceiling_steps_per_s": common.median(pick("ceiling_steps_per_s")),
+        "ratio_to_ceiling": common.median(pick("ratio_sampled_to_ceiling")),
         "stage_breakdown": breakdown,
         "perf_median": perf,
         "peak_rss_mib_this_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -203,13 +263,26 @@ def main(argv=None) -> dict:
             r["train_env_steps_sampled_per_s"] * frameskip,
             r["train_env_steps_trained_per_s"] * frameskip,
             r["ratio_sampled_to_raw"],
+            r["compute_only_steps_per_s"] * frameskip,
+            r["ratio_sampled_to_ceiling"],
+            r["ceiling_bound_by"],
         ]
         for r in out["rounds"]
     ]
     unit = "frames/s" if frameskip > 1 else "steps/s"
     print(
         common.table(
-            rows, ["round", f"raw envpool {unit}", f"train {unit}", f"trained {unit}", "ratio"]
+            rows,
+            [
+                "round",
+                f"raw envpool {unit}",
+                f"train {unit}",
+                f"trained {unit}",
+                "/ raw",
+                f"compute-only {unit}",
+                "/ ceiling",
+                "bound by",
+            ],
         )
     )
     breakdown = out["stage_breakdown"]
@@ -221,8 +294,10 @@ def main(argv=None) -> dict:
     )
     if args.env == "cartpole":
         steps = out["train_env_steps_per_s"]
-        out["goal"] = ">= 300,000 env steps/s and >= 0.4 of raw envpool at the same env count"
-        out["goal_met"] = steps >= 300_000 and out["ratio_to_raw"] >= 0.4
+        # Issue 12's goal was 300 K env steps/s and 0.4 of raw; issue 14 asks 0.6 of raw.
+        out["goal"] = ">= 0.6 of raw envpool at the same env count (and >= 300,000 env steps/s)"
+        out["goal_met"] = out["ratio_to_raw"] >= 0.6
+        out["goal_met_300k"] = steps >= 300_000
         name = "end_to_end_cartpole"
     else:
         out["frameskip"] = frameskip
@@ -232,6 +307,8 @@ def main(argv=None) -> dict:
             f"1 runner x {args.pong_envs} envs on {args.pong_threads} envpool threads, T=20, "
             f"batch {args.pong_batch}, {args.pong_encoder}, split {args.split}"
         )
+        out["goal"] = ">= 0.7 of the machine's ceiling, min(raw envpool, compute-only)"
+        out["goal_met"] = out["ratio_to_ceiling"] >= 0.7
         name = "end_to_end_pong"
     out["split"] = args.split
     common.write_result(args.name or name, out, args.quick)

@@ -19,10 +19,23 @@ BENCHMARKS = [
     ("learner", ["-m", "benchmarks.learner"], 560),
     ("end_to_end_cartpole", ["-m", "benchmarks.end_to_end", "--env", "cartpole"], 180),
     ("time_to_450", ["-m", "benchmarks.time_to_450"], 600),
+    ("stability", ["-m", "benchmarks.stability"], 600),
     ("end_to_end_pong", ["-m", "benchmarks.end_to_end", "--env", "pong"], 300),
     ("tune_overhead", ["-m", "benchmarks.tune_overhead"], 600),
     ("processes", ["-m", "benchmarks.processes"], 600),
 ]
+
+
+def _ceiling(e2e: dict) -> str:
+    """``; 0.xx of the ceiling min(raw, compute-only)`` where the result has one."""
+    if "ratio_to_ceiling" not in e2e:
+        return ""
+    bound = e2e["rounds"][0]["ceiling_bound_by"]
+    return (
+        f"; {e2e['ratio_to_ceiling']:.2f} of the ceiling "
+        f"({e2e['ceiling_steps_per_s']:,.0f} env steps/s, bound by {bound}; compute-only "
+        f"{e2e['compute_only_steps_per_s']:,.0f})"
+    )
 
 
 def summarize(results: dict) -> list[dict]:
@@ -42,34 +55,29 @@ def summarize(results: dict) -> list[dict]:
     if e2e:
         rows.append(
             {
-                "goal": "CartPole training >= 300 K env steps/s and >= 0.4 of raw envpool",
+                "goal": "CartPole training >= 0.6 of raw envpool at the same env count",
                 "value": f"{e2e['train_env_steps_per_s']:,.0f} env steps/s, "
                 f"{e2e['ratio_to_raw']:.2f} of raw envpool "
-                f"({e2e['raw_envpool_steps_per_s']:,.0f}) at {e2e['num_envs']} envs",
+                f"({e2e['raw_envpool_steps_per_s']:,.0f}) at {e2e['num_envs']} envs"
+                + _ceiling(e2e),
                 "met": e2e["goal_met"],
             }
         )
     t450 = results.get("time_to_450")
     if t450:
-        n = len(t450["warm"]["seeds"])
-        rows.append(
-            {
-                "goal": "time to return 450, median of seeds, <= 6 s from process start",
-                "value": f"{t450['median_wall_s_to_450']:.1f} s warm compile cache, "
-                f"{t450['median_wall_s_to_450_cold']:.1f} s cold (median of {n}), "
-                f"{t450['median_env_steps']:,.0f} env steps",
-                "met": t450["goal_met_time"],
-            }
-        )
         if "ratio_to_naive_cold" in t450:
             rows.append(
                 {
-                    "goal": "time to 450 vs the naive loop: cold <= 0.5x, warm <= 4 s",
-                    "value": f"{t450['ratio_to_naive_cold']:.2f}x cold "
+                    "goal": "time to 450 from launch, median: cold <= 0.5x the naive loop, "
+                    "warm <= 4 s",
+                    "value": f"{t450['median_wall_s_to_450_cold']:.1f} s cold, "
+                    f"{t450['median_wall_s_to_450']:.1f} s warm, "
+                    f"{t450['median_env_steps']:,.0f} env steps; "
+                    f"{t450['ratio_to_naive_cold']:.2f}x cold "
                     f"({t450['naive_cold']['median_wall_s_to_450']:.1f} s naive), "
                     f"{t450['ratio_to_naive_warm']:.2f}x warm "
                     f"({t450['naive_warm']['median_wall_s_to_450']:.1f} s naive)",
-                    "met": t450["ratio_to_naive_cold"] <= 0.5 and t450["median_wall_s_to_450"] <= 4,
+                    "met": t450["goal_met_time"],
                 }
             )
         rows.append(
@@ -77,6 +85,17 @@ def summarize(results: dict) -> list[dict]:
                 "goal": "peak memory of the CartPole process < 1 GiB",
                 "value": f"{t450['max_peak_rss_mib']:.0f} MiB (max over seeds)",
                 "met": t450["goal_met_memory"],
+            }
+        )
+    stability = results.get("stability")
+    if stability:
+        rows.append(
+            {
+                "goal": "CartPole stays >= 400 for 1 M env steps after 450, 5 of 5 seeds",
+                "value": f"{stability['held']} of {stability['of']} seeds held (lowest means "
+                + ", ".join(f"{r['lowest_mean_after']:.0f}" for r in stability["seeds"])
+                + ")",
+                "met": stability["goal_met"],
             }
         )
     lr = results.get("learner")
@@ -95,11 +114,12 @@ def summarize(results: dict) -> list[dict]:
     if pong:
         rows.append(
             {
-                "goal": "Atari Pong env frames/s on this CPU (report)",
+                "goal": "Pong-v5, Nature CNN, >= 0.7 of the machine's ceiling",
                 "value": f"{pong['train_env_frames_per_s']:,.0f} frames/s training, "
                 f"{pong['ratio_to_raw']:.3f} of raw envpool "
-                f"({pong['raw_envpool_frames_per_s']:,.0f}) at {pong['num_envs']} envs",
-                "met": None,
+                f"({pong['raw_envpool_frames_per_s']:,.0f}) at {pong['num_envs']} envs"
+                + _ceiling(pong),
+                "met": pong.get("goal_met"),
             }
         )
     tune_overhead = results.get("tune_overhead")

@@ -24,7 +24,7 @@ from impala_jax.buffers import MinibatchBuffer
 from impala_jax.callbacks import Callbacks, UserCodeError
 from impala_jax.checkpointable import Checkpointable
 from impala_jax.distributions import make_distribution
-from impala_jax.env_runner import make_act_fns
+from impala_jax.env_runner import initial_carry, make_act_fns
 from impala_jax.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from impala_jax.envs import ActionAdapter, make_vec_env
 from impala_jax.evaluation import Evaluator
@@ -179,6 +179,12 @@ class IMPALA(Checkpointable):
             devices,
             learner_key,
         )
+        columns = self.step_spec.columns * len(local)
+        if not (config._env_runners_only or config._skip_learners):
+            # The learner step compiles in a thread of its own from here on, beside the
+            # policy's compilation and the envs' creation below, not after them.
+            action_dtype = self._action_dtype(obs_space)
+            self.learner.warm_up(self._example_batch(columns, action_dtype))
         group = EnvRunnerGroup(
             config,
             self._act,
@@ -187,7 +193,7 @@ class IMPALA(Checkpointable):
             actor_device=local[0],
             observation_space=obs_space,
             seed=seed,
-            batch_columns=self.step_spec.columns * len(local),
+            batch_columns=columns,
             action_space=act_space,
         )
         self.env_runner_group = group
@@ -213,8 +219,6 @@ class IMPALA(Checkpointable):
         self._num_parameters = sum(
             int(np.prod(np.shape(x))) for x in jax.tree.leaves(self.learner.state.params)
         )
-        if not (config._env_runners_only or config._skip_learners):
-            self.learner.warm_up(self._example_batch(group.batcher.columns, group.action_dtype))
         self._minibatch_buffer = None
         if config.minibatch_buffer_size > 1 and config.num_epochs > 1:
             self._minibatch_buffer = MinibatchBuffer(
@@ -226,6 +230,16 @@ class IMPALA(Checkpointable):
         except BaseException:
             self.stop()
             raise
+
+    def _action_dtype(self, obs_space) -> np.dtype:
+        """The dtype of the policy's actions, from its abstract evaluation (no compilation)."""
+        params = self.learner.state.params
+        obs = jax.ShapeDtypeStruct((1, *obs_space.shape), obs_space.dtype)
+        key = jax.random.key(0)
+        if self.recurrent:
+            carry = initial_carry(self._act, 1, self.action_space)
+            return jax.eval_shape(self._act, params, obs, key, carry)[0].dtype
+        return jax.eval_shape(self._act, params, obs, key)[0].dtype
 
     def _example_batch(self, columns: int, action_dtype) -> Trajectory:
         """Zeros shaped and typed like one learner batch, to compile the learner step early."""

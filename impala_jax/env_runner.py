@@ -45,6 +45,13 @@ def make_act_fns(networks, distribution):
     return jax.jit(act), jax.jit(act_greedy)
 
 
+def actor_key(seed: int, params) -> jax.Array:
+    """A PRNG key placed where ``params`` are. ``act`` returns its next key committed there, so
+    a first key placed anywhere else (a fresh key is uncommitted) compiles ``act`` a second
+    time on the second call: 0.4-0.6 s of a CartPole start on 2 cores."""
+    return jax.device_put(jax.random.key(seed), jax.tree.leaves(params)[0].sharding)
+
+
 class ParamStore:
     """The newest params on the actor device, with a version that counts publications."""
 
@@ -163,7 +170,7 @@ class EnvRunner:
         num_envs = num_envs or config.num_envs_per_env_runner
         self._sizes = self.group_sizes(num_envs)
         self.groups: list[_Group] = []
-        self._key = jax.random.key(seed)
+        self._key = actor_key(seed, param_store.get()[0])
         # A RecurrentActor (recurrent.py) when the policy is recurrent: rows carry its state.
         self._recurrent = act if hasattr(act, "initial_state") else None
         self._make_envs(seed)

@@ -28,6 +28,7 @@ from impala_jax.env_runner import (
     ParamStore,
     RepeatTracker,
     RunnerThread,
+    actor_key,
     failure_signature,
     initial_carry,
 )
@@ -117,10 +118,10 @@ class EnvRunnerGroup:
         obs = np.zeros((size, *observation_space.shape), observation_space.dtype)
         if hasattr(self._act, "initial_state"):  # a RecurrentActor: rows carry its state
             carry = initial_carry(self._act, size, self._action_space)
-            out = self._act(params, obs, jax.random.key(0), carry)
+            out = self._act(params, obs, actor_key(0, params), carry)
             jax.block_until_ready(self._act.greedy(params, obs, carry))
         else:
-            out = self._act(params, obs, jax.random.key(0))
+            out = self._act(params, obs, actor_key(0, params))
         return jax.block_until_ready(out)[0].dtype
 
     def start(self, to_device: Callable) -> None:

@@ -31,11 +31,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import numpy as np
 
 from impala_jax.callbacks import EpisodeCallbacks, UserCodeError, describe
-from impala_jax.env_runner import ParamStore, initial_carry
+from impala_jax.env_runner import ParamStore, actor_key, initial_carry
 from impala_jax.envs import ActionAdapter, VecEnv, make_vec_env
 from impala_jax.metrics import EpisodeStats
 from impala_jax.metrics_logger import MetricsLogger, deep_merge
@@ -134,7 +133,7 @@ class Evaluator:
         self._act, self._act_greedy = act, act_greedy
         self._param_store = param_store
         self._seed = seed + EVAL_SEED_OFFSET
-        self._key = jax.random.key(self._seed)
+        self._key = actor_key(self._seed, param_store.get()[0])
         self.eval_config = self._make_eval_config()
         self.num_env_runners = max(1, config.evaluation_num_env_runners)
         self.num_envs = self.eval_config.num_envs_per_env_runner

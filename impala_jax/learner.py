@@ -226,6 +226,10 @@ def make_learner_step(networks, distribution, optimizer, opt_spec, loss_spec, st
     return learner_step
 
 
+# XLA options for a program that runs once: compiled fast rather than run fast.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
 class Learner:
     """Owns the learner state on the mesh and the compiled step."""
 
@@ -234,15 +238,21 @@ class Learner:
         self.num_devices = len(devices)
         self.step_spec = step_spec
         self.optimizer = optim.make_optimizer(opt_spec)
-        init_key, state_key, replay_key = jax.random.split(key, 3)
-        params = jax.jit(networks.init)(init_key)  # one compiled program, not dozens of ops
-        state = LearnerState(
-            params=params,
-            opt_state=self.optimizer.init(params),
-            update_step=jnp.zeros((), jnp.int32),
-            key=state_key,
-        )
-        self.state = parallel.put(state, self.mesh, parallel.REPLICATED)
+
+        def init_state(key):
+            init_key, state_key, replay_key = jax.random.split(key, 3)
+            params = networks.init(init_key)
+            opt_state = self.optimizer.init(params)
+            zero = jnp.zeros((), jnp.int32)
+            return LearnerState(params, opt_state, zero, state_key), replay_key
+
+        # One compiled program, not dozens of ops, and compiled without XLA's backend
+        # optimizations: it runs once, and they double its compile time (1.0 vs 2.0 s for the
+        # CartPole MLP's orthogonal inits on 2 cores) for nothing.
+        # Created replicated on the mesh, not copied there leaf by leaf (a program per leaf).
+        placed = (NamedSharding(self.mesh, parallel.REPLICATED), None)
+        lowered = jax.jit(init_state, out_shardings=placed).lower(key)
+        self.state, replay_key = lowered.compile(FAST_COMPILE)(key)
         self.replay = ()
         self._replay_key = replay_key
         self._warm_up: threading.Thread | None = None
