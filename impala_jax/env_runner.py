@@ -52,6 +52,12 @@ def actor_key(seed: int, params) -> jax.Array:
     return jax.device_put(jax.random.key(seed), jax.tree.leaves(params)[0].sharding)
 
 
+@jax.jit
+def _copy_leaves(leaves: list) -> list:
+    """Fresh buffers holding ``leaves`` (on their devices): one dispatch for a whole tree."""
+    return [jnp.copy(x) for x in leaves]
+
+
 class ParamStore:
     """The newest params on the actor device, with a version that counts publications."""
 
@@ -62,19 +68,21 @@ class ParamStore:
         self._params = self._to_actor(params)
 
     def _to_actor(self, params):
-        # A copy, never an alias: the learner donates its buffers on the next step.
-        return jax.tree.map(self._copy_leaf, params)
+        # A copy, never an alias: the learner donates its buffers on the next step. One
+        # compiled copy of every leaf: a jnp.copy per leaf cost ~0.5 ms of the main thread's
+        # (GIL-holding) time per publication for CartPole's 6 leaves, against ~0.03 ms.
+        leaves, treedef = jax.tree.flatten(params)
+        return jax.tree.unflatten(treedef, _copy_leaves([self._on_device(x) for x in leaves]))
 
-    def _copy_leaf(self, x):
+    def _on_device(self, x):
         # The params are replicated over the learner devices (over several processes: global
-        # arrays); start from the copy on the actor's device when there is one. device_put of
-        # a replicated array onto one of its devices returns that device's buffer even with
-        # may_alias=False (JAX 0.10), so a same-device copy is made explicitly.
+        # arrays); start from the copy on the actor's device when there is one (its buffer,
+        # not a copy: _copy_leaves copies).
         if not isinstance(x, jax.Array):
             return jax.device_put(x, self._device)
-        shards = {shard.device: shard.data for shard in x.addressable_shards}
-        if self._device in shards:
-            return jnp.copy(shards[self._device])
+        for shard in x.addressable_shards:
+            if shard.device == self._device:
+                return shard.data
         return jax.device_put(x.addressable_data(0), self._device, may_alias=False)
 
     def publish(self, params) -> None:

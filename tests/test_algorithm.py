@@ -115,11 +115,14 @@ def test_lockstep_runs_are_reproducible():
 
 
 @pytest.mark.timeout(120)
-def test_learner_step_compiles_once_and_result_keys():
+def test_learner_step_and_act_compile_once_and_result_keys():
     with small_config().build() as algo:
         for _ in range(3):
             result = algo.train()
         assert algo.learner._step._cache_size() == 1
+        # The runner's first key is placed where act puts the keys it returns: a fresh
+        # (uncommitted) key compiled act a second time on its second call.
+        assert algo._act._cache_size() == 1
     learner = result["learners"]["default_policy"]
     for key in (
         "total_loss",
