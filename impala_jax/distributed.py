@@ -222,22 +222,41 @@ def lost_processes(timeout_s: float = 5.0) -> list[int] | None:
     return [i for i in range(count) if i not in answer[0]]
 
 
+def _progress(client, i: int) -> tuple[int, int] | None:
+    """Process ``i``'s last posted (collectives entered, posts made); None if never posted."""
+    try:
+        count, posts = client.key_value_try_get(f"{_PROGRESS_KEY}/{i}").split()
+        return int(count), int(posts)
+    except Exception:
+        return None
+
+
 def _behind() -> str:
-    """The processes whose last posted collective count is below this one's, named."""
+    """The processes behind this one, named: those whose last posted collective count is below
+    this one's, else those that stopped posting (a stopped or frozen process: its watchdog
+    thread posts every 0.5 s even while it waits inside a collective)."""
     watchdog, client = _Run.watchdog, _client()
     if watchdog is None or client is None:
         return "some process"
-    mine, late = watchdog.count, []
-    for i in range(process_count()):
-        if i == process_index():
-            continue
-        try:
-            theirs = int(client.key_value_try_get(f"{_PROGRESS_KEY}/{i}"))
-        except Exception:
-            theirs = 0
-        if theirs < mine:
-            late.append(f"process {i} (at collective {theirs}, this one at {mine})")
-    return ", ".join(late) or "some process"
+    mine, others = watchdog.count, [i for i in range(process_count()) if i != process_index()]
+    seen = {i: _progress(client, i) for i in others}
+    late = [
+        f"process {i} (at collective {p[0] if p else 0}, this one at {mine})"
+        for i, p in seen.items()
+        if p is None or p[0] < mine
+    ]
+    if late:
+        return ", ".join(late)
+    time.sleep(_SILENT_S)
+    silent = [i for i in others if _progress(client, i) == seen[i]]
+    return (
+        ", ".join(
+            f"process {i} (at collective {seen[i][0]}, this one at {mine}; no progress posted for "
+            f"{_SILENT_S:g} s: stopped or frozen)"
+            for i in silent
+        )
+        or "some process"
+    )
 
 
 def describe_loss(what: str, waited_s: float | None = None) -> str:
@@ -270,14 +289,15 @@ def describe_loss(what: str, waited_s: float | None = None) -> str:
 
 
 _PROGRESS_KEY = "impala_jax/collectives"
+_SILENT_S = 1.5  # three of the watchdog's posting periods
 
 
 class _Watchdog:
     """Ends this process when one wait for the other processes lasts past its bound.
 
-    It also posts how many collectives this process has entered to the coordinator's
-    key-value store (about once a second, from its own thread), so a process that times out
-    can name the ones behind it.
+    It also posts how many collectives this process has entered, with a post number, to the
+    coordinator's key-value store every 0.5 s from its own thread, so a process that times out
+    can name the ones behind it, or the ones that stopped posting.
     """
 
     def __init__(self):
@@ -286,7 +306,7 @@ class _Watchdog:
         self._deadline = 0.0
         self._since = 0.0
         self.count = 0  # collectives entered
-        self._posted = -1
+        self._posted = 0  # posts made
         threading.Thread(
             target=self._watch, name="impala_jax-collective-watchdog", daemon=True
         ).start()
@@ -305,11 +325,13 @@ class _Watchdog:
                 self._what = None
 
     def _post(self) -> None:
+        # Every period, changed or not: the post number says this process is still running.
         count, client = self.count, _client()
-        if count != self._posted and client is not None:
+        if client is not None:
+            self._posted += 1
             try:
-                client.key_value_set(f"{_PROGRESS_KEY}/{process_index()}", str(count), True)
-                self._posted = count
+                key, value = f"{_PROGRESS_KEY}/{process_index()}", f"{count} {self._posted}"
+                client.key_value_set(key, value, True)
             except Exception:  # the coordinator is gone: the collectives will say so
                 pass
 

@@ -286,6 +286,39 @@ def test_a_hung_process_ends_the_other_through_the_watchdog_naming_it(tmp_path):
         _kill(procs)
 
 
+class _Progress:
+    """The coordinator's key-value store as ``distributed._behind`` reads it: process 1 at
+    collective 7, its post number frozen (``live=False``) or advancing with every read."""
+
+    def __init__(self, live: bool):
+        self.live, self.posts = live, 40
+
+    def key_value_try_get(self, key: str) -> str:
+        assert key.endswith("/1"), key
+        self.posts += self.live
+        return f"7 {self.posts}"
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_a_process_stopped_inside_the_same_collective_is_named(monkeypatch, live):
+    # SIGSTOP can land while the victim waits inside the very collective this process times
+    # out in: its count equals ours, and only its silence tells it apart.
+    from types import SimpleNamespace
+
+    from impala_jax import distributed
+
+    monkeypatch.setattr(distributed, "_client", lambda: _Progress(live))
+    monkeypatch.setattr(distributed, "process_count", lambda: 2)
+    monkeypatch.setattr(distributed, "process_index", lambda: 0)
+    monkeypatch.setattr(distributed._Run, "watchdog", SimpleNamespace(count=7))
+    monkeypatch.setattr(distributed, "_SILENT_S", 0.01)
+    named = distributed._behind()
+    if live:
+        assert named == "some process"
+    else:
+        assert named.startswith("process 1 (at collective 7, this one at 7; no progress"), named
+
+
 def _cli(tmp_path: Path, coordinator: str, *args: str) -> list[list[str]]:
     small = [
         "learners.num_learners=2",
