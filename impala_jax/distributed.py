@@ -307,9 +307,17 @@ class _Watchdog:
         self._since = 0.0
         self.count = 0  # collectives entered
         self._posted = 0  # posts made
-        threading.Thread(
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
             target=self._watch, name="impala_jax-collective-watchdog", daemon=True
-        ).start()
+        )
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ends the thread and waits for its last post (bounded): a post still in flight when
+        JAX's shutdown frees the client aborts the process from C++."""
+        self._stopped.set()
+        self._thread.join(timeout_s)
 
     @contextlib.contextmanager
     def waiting(self, what: str, extra_s: float = 0.0):
@@ -336,8 +344,7 @@ class _Watchdog:
                 pass
 
     def _watch(self) -> None:
-        while True:
-            time.sleep(0.5)
+        while not self._stopped.wait(0.5):
             self._post()
             with self._lock:
                 what, late = self._what, time.monotonic() > self._deadline
@@ -521,6 +528,8 @@ def _exit_barrier() -> None:
     lost.)"""
     import jax
 
+    if _Run.watchdog is not None:  # no post may be in flight once JAX shuts its client down
+        _Run.watchdog.stop()
     client = _client()
     if client is None or _Run.peer_lost:
         return
