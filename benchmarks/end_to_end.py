@@ -106,7 +106,7 @@ def compute_only(algo, seconds: float) -> float:
     config = algo.config
     envs = config.num_envs_per_env_runner
     group = algo.env_runner_group
-    example = algo._example_batch(group.batcher.columns, group.action_dtype)
+    example = algo._example_batch(group.batcher.columns, algo.action_dtype)
     example = example._replace(valid=np.ones_like(example.valid))
     batch_steps = example.valid.size
     acts_per_batch = max(1, batch_steps // envs)
@@ -115,8 +115,7 @@ def compute_only(algo, seconds: float) -> float:
     params, _ = algo.param_store.get()
     key = jax.device_put(jax.random.key(1), jax.tree.leaves(params)[0].sharding)
     learner = algo.learner
-    copy = lambda tree: jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), tree)
-    state, replay = copy(learner.state), copy(learner.replay)
+    state, replay = learner.throwaway_copy()
     device_batch = learner.put_batch(example)
     zero = jnp.zeros((2,), jnp.float32)
 

@@ -180,11 +180,11 @@ class IMPALA(Checkpointable):
             learner_key,
         )
         columns = self.step_spec.columns * len(local)
+        self.action_dtype = self._policy_action_dtype(obs_space)
         if not (config._env_runners_only or config._skip_learners):
             # The learner step compiles in a thread of its own from here on, beside the
             # policy's compilation and the envs' creation below, not after them.
-            action_dtype = self._action_dtype(obs_space)
-            self.learner.warm_up(self._example_batch(columns, action_dtype))
+            self.learner.warm_up(self._example_batch(columns, self.action_dtype))
         group = EnvRunnerGroup(
             config,
             self._act,
@@ -231,7 +231,7 @@ class IMPALA(Checkpointable):
             self.stop()
             raise
 
-    def _action_dtype(self, obs_space) -> np.dtype:
+    def _policy_action_dtype(self, obs_space) -> np.dtype:
         """The dtype of the policy's actions, from its abstract evaluation (no compilation)."""
         params = self.learner.state.params
         obs = jax.ShapeDtypeStruct((1, *obs_space.shape), obs_space.dtype)

@@ -108,11 +108,11 @@ class EnvRunnerGroup:
         # Called with a report while no runner samples (the CLI shows it); default: a log line.
         self.on_down: Callable[[str], None] = logger.warning
         self._down_reported: tuple[str | None, float] = (None, 0.0)
-        self.action_dtype = self._warm_up_act(observation_space)
+        self._warm_up_act(observation_space)
 
-    def _warm_up_act(self, observation_space) -> np.dtype:
+    def _warm_up_act(self, observation_space) -> None:
         """Compiles ``act`` for the runners' batch shapes before any runner thread starts, so
-        compilation never counts against ``sample_timeout_s``. Returns the action dtype."""
+        compilation never counts against ``sample_timeout_s``."""
         params, _ = self.param_store.get()
         size = EnvRunner.group_sizes(self.config.num_envs_per_env_runner)[0]
         obs = np.zeros((size, *observation_space.shape), observation_space.dtype)
@@ -122,7 +122,7 @@ class EnvRunnerGroup:
             jax.block_until_ready(self._act.greedy(params, obs, carry))
         else:
             out = self._act(params, obs, actor_key(0, params))
-        return jax.block_until_ready(out)[0].dtype
+        jax.block_until_ready(out)
 
     def start(self, to_device: Callable) -> None:
         """Builds the envs and, when threaded, the runner threads and starts the loaders.

@@ -310,23 +310,25 @@ class Learner:
         if self.step_spec.replay_columns and self.replay == ():
             self.init_replay(device_batch)
 
-        def copy(tree):
-            return jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), tree)
-
         def compile_step():
             if self._multiprocess:
                 zero = optim.env_steps_operand(0)
                 lowered = self._step.lower(self.state, device_batch, self.replay, zero)
                 self._compiled = lowered.compile()
                 return
-            out = self._step(
-                copy(self.state), device_batch, copy(self.replay), jnp.zeros((2,), jnp.float32)
-            )
+            state, replay = self.throwaway_copy()
+            out = self._step(state, device_batch, replay, jnp.zeros((2,), jnp.float32))
             jax.block_until_ready(out)
 
         # Not a daemon: a process exiting mid-compilation would kill XLA inside C++ and abort.
         self._warm_up = threading.Thread(target=compile_step, name="learner-warm-up")
         self._warm_up.start()
+
+    def throwaway_copy(self) -> tuple:
+        """Copies of the state and replay slots to run the (donating) step on without touching
+        the learner's own: the warm-up's compilation run, the compute-only benchmark."""
+        copy = lambda x: jax.device_put(x, x.sharding, may_alias=False)  # noqa: E731
+        return jax.tree.map(copy, self.state), jax.tree.map(copy, self.replay)
 
     def wait_for_warm_up(self) -> None:
         if self._warm_up is not None:
