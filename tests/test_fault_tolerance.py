@@ -145,8 +145,15 @@ def test_while_every_runner_waits_for_its_restart_the_wait_says_why():
         reports = []
         algo.env_runner_group.on_down = reports.append
         result = algo.train()
-        assert result["fault_tolerance"]["num_remote_worker_restarts"] == 2
+        # Both failed before the wait; the first replacement's batch can end the iteration
+        # before the second one's restart is due (it failed later on a loaded machine).
+        assert result["fault_tolerance"]["num_env_runner_failures"] == 2
         assert result["num_env_steps_trained_lifetime"] > 0
+        deadline = time.monotonic() + 30
+        while result["fault_tolerance"]["num_remote_worker_restarts"] < 2:
+            assert time.monotonic() < deadline, result["fault_tolerance"]
+            result = algo.train()
+        assert result["fault_tolerance"]["num_remote_worker_restarts"] == 2
     assert reports, "the wait said nothing"
     report = reports[0]
     assert report.startswith("No EnvRunner is sampling"), report
