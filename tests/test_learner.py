@@ -177,3 +177,46 @@ def test_training_continues_past_2_31_env_steps_with_its_lr_schedule(tmp_path):
     with config.build() as again:
         again.restore(path)
         assert again.train()["num_env_steps_sampled_lifetime"] > steps
+
+
+@pytest.mark.timeout(240)
+def test_unrolled_minibatch_updates_equal_the_scanned_ones(monkeypatch):
+    # A conv network on CPU runs its updates unrolled (lax.scan is ~10x slower there); two
+    # epochs of two shuffled minibatches must give the scan's params and metrics.
+    from impala_jax import learner as learner_module
+
+    obs_space = gym.spaces.Box(0, 255, (10, 10, 2), np.uint8)
+    rng = np.random.default_rng(0)
+    batch = random_batch(1)._replace(
+        obs=rng.integers(0, 256, (T + 1, B, 10, 10, 2)).astype(np.uint8)
+    )
+    model = {"encoder": "nature_cnn", "conv_filters": [[4, 4, 2], [4, 3, 1]]}
+
+    def run(max_unrolled):
+        monkeypatch.setattr(learner_module, "MAX_UNROLLED_UPDATES_ON_CPU", max_unrolled)
+        step = StepSpec(B, 0, 0, B // 2, num_epochs=2, shuffle=True)
+        learner = Learner(
+            make_networks(model, obs_space, ACT),
+            make_distribution(ACT),
+            OptimizerSpec(lr=1e-2),
+            LossSpec(0.99, 0.5, 0.01, 1.0, 1.0, None),
+            step,
+            jax.devices()[:1],
+            jax.random.key(0),
+        )
+        device_batch = learner.put_batch(batch)
+        state, replay = learner.throwaway_copy()
+        text = learner._step.lower(state, device_batch, replay, jnp.zeros(2)).as_text()
+        metrics = learner.update(device_batch, env_steps=0)
+        loops = text.count("stablehlo.while")  # V-trace's own scan is one per update
+        return jax.device_get(learner.state.params), jax.device_get(metrics), loops
+
+    unrolled, unrolled_metrics, unrolled_loops = run(16)
+    scanned, scanned_metrics, scanned_loops = run(0)
+    # Each path is the one asked for: unrolled, each of the 4 updates has its V-trace loop;
+    # scanned, one V-trace loop sits inside the scan's loop (4 - 2 fewer loops).
+    assert unrolled_loops - scanned_loops == 2, (unrolled_loops, scanned_loops)
+    for a, b in zip(jax.tree.leaves(unrolled), jax.tree.leaves(scanned), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for key in ("total_loss", "entropy", "gradients_default_optimizer_global_norm"):
+        np.testing.assert_allclose(unrolled_metrics[key], scanned_metrics[key], rtol=1e-5)
