@@ -11,6 +11,8 @@ EnvRunnerGroup plays the same part across Ray actors.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import threading
 import time
@@ -43,6 +45,25 @@ TOLERANCE_KNOBS = (
     "fault_tolerance(delay_between_env_runner_restarts_s=..., max_num_env_runner_restarts=..., "
     "num_consecutive_env_runner_failures_tolerance=..., ignore_env_runner_failures=...)"
 )
+
+
+def release_free_heap() -> None:
+    """Returns the C heap's free pages to the OS (glibc's malloc_trim; elsewhere nothing).
+
+    A runner thread's buffers live in its own malloc arena, and glibc keeps an exited thread's
+    freed pages: without this, every runner restart kept about 1.3 MiB resident (the soak's
+    RSS slope), and one trim released 220 MiB after 30 restarts. It takes 5-15 ms."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        return None
 
 
 def _hopeless(count: int) -> str:
@@ -104,6 +125,7 @@ class EnvRunnerGroup:
         self._num_dropped_episodes_base = 0
         self._last_failure: RunnerThread | None = None
         self._failed: dict[int, RunnerThread] = {}  # runner slot -> its last failed thread
+        self._exiting: list[RunnerThread] = []  # abandoned threads not finished yet
         self._repeats: dict[int, RepeatTracker] = {}  # identical failures across restarts
         # Called with a report while no runner samples (the CLI shows it); default: a log line.
         self.on_down: Callable[[str], None] = logger.warning
@@ -308,6 +330,9 @@ class EnvRunnerGroup:
         """Failed or hung runners: restart, ignore or raise, as ``fault_tolerance`` says."""
         cfg = self.config
         now = time.monotonic()
+        if any(not t.is_alive() for t in self._exiting):
+            self._exiting = [t for t in self._exiting if t.is_alive()]
+            release_free_heap()
         for index, thread in list(self._threads.items()):
             hung = (
                 thread.error is None
@@ -326,6 +351,7 @@ class EnvRunnerGroup:
                 thread.error_traceback = repr(thread.error)
             # An abandoned thread drops whatever it still produces and closes its envs.
             thread.stop_event.set()
+            self._exiting.append(thread)
             del self._threads[index]
             self._retire(thread.runner)
             self.num_failures += 1
