@@ -10,8 +10,8 @@ not part of ``make bench``: it takes as long as it says. During the run:
 - a checkpoint after every iteration (the newest 3 kept), each read back at once: an unreadable
   one is counted, never expected.
 
-Reported (``results/soak.json``): the return over time, peak RSS and thread count sampled every
-iteration with their least-squares slopes per minute over the second half of the run (after
+Reported (``results/soak.json``): the return and RSS over time, peak RSS and thread count sampled
+every iteration with their least-squares slopes per minute over the second half of the run (after
 warm-up), restarts, skipped NaN updates, checkpoints written and unreadable.
 """
 
@@ -140,6 +140,9 @@ def run(minutes: float, kill_every: float, nan_every: float, checkpoints: bool =
         "threads_first_last_max": [samples[0][2], samples[-1][2], max(s[2] for s in samples)],
         "threads_slope_per_min_second_half": _slope_per_min([(t, n) for t, _, n in half]),
         "returns": returns[:: max(1, len(returns) // 200)],
+        "rss_mib": [
+            (round(t, 1), round(r, 1)) for t, r, _ in samples[:: max(1, len(samples) // 200)]
+        ],
     }
 
 
@@ -160,7 +163,7 @@ def main(argv=None) -> dict:
         "nan_every_s": args.nan_every,
         "checkpoint_every_iteration": not args.no_checkpoints,
     }
-    rows = [[k, v] for k, v in payload.items() if k != "returns"]
+    rows = [[k, v] for k, v in payload.items() if k not in ("returns", "rss_mib")]
     print(common.table(rows, ["soak", "value"]))
     common.write_result(args.name, payload, args.quick)
     return payload
