@@ -1,12 +1,19 @@
-"""Checkpoints: arrays through orbax, config and counters as JSON; nothing pickled.
+"""Checkpoints: arrays as one uncompressed ``.npz``, config and counters as JSON; nothing pickled.
 
-A checkpoint is a directory ``arrays/`` (orbax) + ``state.json``, and with
+A checkpoint is a directory ``arrays.npz`` + ``state.json``, and with
 ``checkpointing(export_native_model_files=True)`` also ``params.msgpack``: the policy's params
 as a flax msgpack file that loads without impala_jax (``flax.serialization.msgpack_restore``).
 It is written into a temporary sibling directory and renamed into place at the end, so a
 process killed during a save leaves the previous checkpoint (or none), never a half-written one.
 ``manifest.json``, written last, holds every file's size and sha256: a load checks them, so a
 truncated array file, an edited ``state.json`` or a missing file is refused with its name.
+
+The arrays are host numpy arrays by the time they are saved (over several processes process 0
+writes alone), so the file is numpy's own format, read back with ``allow_pickle=False``.
+Format 1 kept them in an orbax directory ``arrays/``; such checkpoints still load (through
+orbax). Orbax was dropped for writing because every save kept 15-30 KiB inside
+orbax/tensorstore for the life of the process (benchmarks/README.md, "Soak": +2.1 MiB/min
+at a checkpoint every iteration); an npz save keeps nothing.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
-FORMAT = "impala_jax/1"
+FORMAT = "impala_jax/2"
+READABLE_FORMATS = ("impala_jax/1", FORMAT)  # 1: arrays in an orbax directory ARRAYS_DIR
 STATE_FILE = "state.json"
+ARRAYS_FILE = "arrays.npz"
 ARRAYS_DIR = "arrays"
 NATIVE_PARAMS_FILE = "params.msgpack"
 MANIFEST_FILE = "manifest.json"
@@ -50,12 +59,22 @@ def _manifest(root: Path) -> dict[str, list]:
     return files
 
 
+def _array_specs(path: Path) -> dict[str, list] | None:
+    """{key: [shape, dtype name]} as save() recorded them in the manifest, or None."""
+    try:
+        return json.loads((path / MANIFEST_FILE).read_text())["arrays"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _restore_target(path: Path) -> dict[str, np.ndarray] | None:
     """Zero arrays of the shapes and dtypes save() recorded in the manifest, or None."""
+    specs = _array_specs(path)
+    if specs is None:
+        return None
     try:
-        specs = json.loads((path / MANIFEST_FILE).read_text())["arrays"]
         return {k: np.zeros(tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in specs.items()}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, TypeError):
         return None
 
 
@@ -112,6 +131,39 @@ def jax_to_numpy(tree):
     return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
+def _write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    for key, value in arrays.items():
+        if value.dtype.hasobject:  # np.savez would pickle it
+            raise TypeError(f"checkpoint array {key!r} has dtype {value.dtype}: not saveable")
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_arrays(path: Path, specs: dict | None) -> dict[str, np.ndarray]:
+    """The arrays of an ``arrays.npz``; a dtype numpy's format cannot name (bfloat16 and the
+    other ml_dtypes come back as raw bytes) takes the dtype the manifest recorded."""
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    for key, (_, dtype) in (specs or {}).items():
+        if key in arrays and arrays[key].dtype.name != dtype:
+            arrays[key] = arrays[key].view(np.dtype(dtype))
+    return arrays
+
+
+def _read_orbax_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Format 1's ``arrays/`` directory."""
+    target = _restore_target(path)
+    with _local_checkpointer() as ckptr:
+        # With a target of the saved shapes orbax reads no tree metadata; without one, each
+        # restore kept about 0.2 MB. Checkpoints written before the manifest recorded shapes
+        # have none.
+        arrays = ckptr.restore(path / ARRAYS_DIR, target)
+    return {k: np.asarray(v) for k, v in arrays.items()}
+
+
 def _local_checkpointer():
     """orbax's checkpointer for this process alone: over several processes (distributed.py)
     process 0 writes and reads checkpoints by itself, with no barrier on the others."""
@@ -137,9 +189,7 @@ def save(
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; a checkpoint is an ordinary directory
     try:
-        with _local_checkpointer() as ckptr:
-            ckptr.save(tmp / ARRAYS_DIR, arrays)
-            ckptr.wait_until_finished()
+        _write_arrays(tmp / ARRAYS_FILE, arrays)
         with open(tmp / STATE_FILE, "w") as f:
             json.dump(meta, f, indent=1, sort_keys=True)
             f.flush()
@@ -174,29 +224,33 @@ def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
         previous = sorted(path.parent.glob(f".{path.name}.old-*"))
         if previous:
             path = previous[-1]
-    if not (path / STATE_FILE).is_file() or not (path / ARRAYS_DIR).is_dir():
-        raise FileNotFoundError(
-            f"{path} is not an impala_jax checkpoint (expected {STATE_FILE} and {ARRAYS_DIR}/ "
-            "inside it); give the directory that save() returned."
-        )
-    verify(path)
+    npz, orbax = path / ARRAYS_FILE, path / ARRAYS_DIR
+    not_one = FileNotFoundError(
+        f"{path} is not an impala_jax checkpoint (expected {STATE_FILE} and {ARRAYS_FILE} "
+        "inside it); give the directory that save() returned."
+    )
+    if not (path / STATE_FILE).is_file():
+        raise not_one
+    verify(path)  # names a listed file that is missing
+    if not (npz.is_file() or orbax.is_dir()):
+        raise not_one
     try:
         with open(path / STATE_FILE) as f:
             meta = json.load(f)
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
-        target = _restore_target(path)
-        with _local_checkpointer() as ckptr:
-            # With a target of the saved shapes orbax reads no tree metadata; without one, each
-            # restore kept about 0.2 MB (benchmarks/soak.py: +23 MiB/min at one restore per
-            # iteration). Checkpoints written before the manifest recorded shapes have none.
-            arrays = ckptr.restore(path / ARRAYS_DIR, target)
+        if meta.get("format") not in READABLE_FORMATS:
+            raise ValueError(
+                f"format {meta.get('format')!r}, expected one of {list(READABLE_FORMATS)}"
+            )
+        if npz.is_file():
+            arrays = _read_arrays(npz, _array_specs(path))
+        else:
+            arrays = _read_orbax_arrays(path)
     except Exception as err:
         raise ValueError(
             f"{path} is not a readable impala_jax checkpoint ({type(err).__name__}: {err}); "
             "it is corrupt or was written by another program. Restore an older checkpoint."
         ) from err
-    return {k: np.asarray(v) for k, v in arrays.items()}, meta
+    return arrays, meta
 
 
 def jsonable(value: Any):

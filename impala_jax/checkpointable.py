@@ -1,6 +1,6 @@
 """RLlib's Checkpointable for IMPALA: get_state / set_state, save / restore, from_checkpoint.
 
-The format (arrays through orbax, config and counters as JSON, nothing pickled) is
+The format (arrays as one npz, config and counters as JSON, nothing pickled) is
 checkpoint.py's. Over several processes (distributed.py) process 0 alone writes, and a restore
 sends process 0's checkpoint to every process.
 """

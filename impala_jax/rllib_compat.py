@@ -259,7 +259,7 @@ UNSUPPORTED: dict[str, dict[str, tuple[Any, str]]] = {
     "experimental": {
         **_feature("impala_jax always validates the config", _validate_config=True),
         **_feature(
-            "checkpoints are always orbax arrays plus JSON (never pickles)",
+            "checkpoints are always npz arrays plus JSON (never pickles)",
             _use_msgpack_checkpoints=False,
         ),
         **_feature(

@@ -406,7 +406,7 @@ def _checkpoint(algo, run_dir, iteration, args, display, final: bool = False):
     CheckpointFailed, as --on-checkpoint-error says. The final save always raises."""
     try:
         return save_checkpoint(algo, run_dir, iteration, args.keep_checkpoints)
-    except Exception as err:  # OSError (ENOSPC, EACCES, EIO), orbax's errors, ...
+    except Exception as err:  # OSError (ENOSPC, EACCES, EIO), numpy's errors, ...
         found = checkpoints(run_dir)
         previous = f"the newest intact one is {found[-1][1]}" if found else "there is none yet"
         what = (
