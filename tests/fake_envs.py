@@ -237,3 +237,37 @@ class CueMemoryEnv(gym.Env):
             return self._obs(), float(int(action) == self._cue), True, False, {}
         self._t += 1
         return self._obs(), 0.0, False, False, {}
+
+
+class ImageCueEnv(gym.Env):
+    """A frame-stacked uint8 image, channels first as envpool's Atari frames are, showing a bright
+    bar in one of ``num_cues`` columns; the action naming that column earns 1, any other 0.
+    A new column every step, ``length`` steps per episode: a uniform policy scores
+    ``length / num_cues``, one that reads the image scores ``length``."""
+
+    def __init__(self, config=None):
+        config = dict(config or {})
+        self.num_cues = config.get("num_cues", 4)
+        self.size = config.get("size", 36)
+        self.length = config.get("length", 10)
+        self.observation_space = gym.spaces.Box(0, 255, (4, self.size, self.size), np.uint8)
+        self.action_space = gym.spaces.Discrete(self.num_cues)
+        self._rng = np.random.default_rng(config.get("seed", None))
+
+    def _obs(self):
+        obs = np.zeros(self.observation_space.shape, np.uint8)
+        width, third = self.size // self.num_cues, self.size // 3
+        obs[:, third : 2 * third, self._cue * width : (self._cue + 1) * width] = 255
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self._t, self._cue = 0, int(self._rng.integers(self.num_cues))
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self._cue)
+        self._t += 1
+        self._cue = int(self._rng.integers(self.num_cues))
+        return self._obs(), reward, self._t >= self.length, False, {}

@@ -125,6 +125,34 @@ def test_box_actions_learn_a_continuous_bandit():
     assert result["env_runners"]["episode_return_mean"] > max(-0.05, 10 * first)
 
 
+@pytest.mark.timeout(240)
+def test_a_cnn_policy_learns_to_read_its_image_with_the_atari_settings():
+    """experiments/pong.py's optimizer (the paper's RMSProp on a summed loss) on uint8 frames,
+    channels first: the policy must learn to read the image (issue 17: on Pong the value
+    learned while the policy stayed uniform, so the image path alone is tested here)."""
+    from tests.fake_envs import ImageCueEnv
+
+    pong = experiment("pong")
+    config = (
+        pong.copy(copy_frozen=False)
+        .environment(ImageCueEnv, env_config={"seed": 0}, clip_rewards=True)
+        .env_runners(
+            num_env_runners=0,
+            num_envs_per_env_runner=16,
+            num_cpus_per_env_runner=1,
+            rollout_fragment_length=5,
+        )
+        .training(train_batch_size_per_learner=80, lr=6e-4)
+        .learners(num_learners=0)
+        .rl_module(model_config={"encoder": "nature_cnn", "conv_filters": [[8, 4, 2], [16, 3, 2]]})
+        .reporting(min_time_s_per_iteration=0)
+    )
+    # A uniform policy scores 10 / 4 = 2.5 per episode.
+    best, result = train_until(config, "episode_return_mean", 7.0, 60_000)
+    assert best >= 7.0, result["env_runners"]
+    assert result["learners"]["default_policy"]["entropy_fraction_of_max"] < 0.8
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_stateless_cartpole_needs_the_lstm_to_reach_350():
