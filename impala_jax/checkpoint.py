@@ -165,8 +165,8 @@ def _read_orbax_arrays(path: Path) -> dict[str, np.ndarray]:
 
 
 def _local_checkpointer():
-    """orbax's checkpointer for this process alone: over several processes (distributed.py)
-    process 0 writes and reads checkpoints by itself, with no barrier on the others."""
+    """orbax's checkpointer (format 1's reader) for this process alone: over several processes
+    (distributed.py) process 0 reads checkpoints by itself, with no barrier on the others."""
     import jax
     import orbax.checkpoint as ocp
 
