@@ -292,8 +292,13 @@ LEARNER_KEYS = (
     "update_to_param_norm_ratio",  # learning diagnostics (learner._step_size_metrics)
     "update_rms_to_lr_ratio",
 )
-# Reported for some action spaces only: entropy / its maximum (ln n for Discrete(n), none for Box).
-OPTIONAL_LEARNER_KEYS = ("entropy_fraction_of_max",)
+# Reported for some configs only: entropy / its maximum (ln n for Discrete(n), none for Box), and
+# the encoder's feature diagnostics (learner._feature_metrics; feedforward policies, not LSTMs).
+OPTIONAL_LEARNER_KEYS = (
+    "entropy_fraction_of_max",
+    "encoder_dead_unit_fraction",
+    "encoder_feature_std",
+)
 # What the module reports also when no update runs (debugging(_skip_learners=True)).
 LEARNER_COUNT_KEYS = (
     "num_env_steps_trained",

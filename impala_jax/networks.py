@@ -94,7 +94,7 @@ class Networks(NamedTuple):
     """What actors and the learner import: see the module docstring for the contract."""
 
     init: Callable[[jax.Array], Params]
-    apply: Callable[[Params, jax.Array], tuple[jax.Array, jax.Array]]
+    apply: Callable[..., tuple]  # apply(params, obs, with_features=False) -> (dist, value[, f])
     dist_size: int
 
 
@@ -601,13 +601,18 @@ def make_networks(
             params["vf_encoder"] = vf_encoder.init(k_vf_enc, x)["params"]
         return params
 
-    def apply(params: Params, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def apply(params: Params, obs: jax.Array, with_features: bool = False):
+        """(dist_inputs, value), and the policy encoder's output as a third element when
+        ``with_features`` (the learner's feature diagnostics)."""
         x = preprocess(obs)
         features = encoder.apply({"params": params["encoder"]}, x)
         dist_inputs = pi_head.apply({"params": params["pi"]}, features)
+        vf_features = features
         if vf_encoder is not None:
-            features = vf_encoder.apply({"params": params["vf_encoder"]}, x)
-        value = vf_head.apply({"params": params["vf"]}, features)
+            vf_features = vf_encoder.apply({"params": params["vf_encoder"]}, x)
+        value = vf_head.apply({"params": params["vf"]}, vf_features)
+        if with_features:
+            return dist_inputs, value, features
         return dist_inputs, value
 
     return Networks(init=init, apply=apply, dist_size=p.dist_size)

@@ -188,3 +188,54 @@ def test_the_papers_rmsprop_with_a_mean_loss_warns_that_the_policy_will_not_move
 def test_loss_reduction_is_validated():
     with pytest.raises(ValueError, match="loss_reduction"):
         IMPALAConfig().training(loss_reduction="average").validate()
+
+
+RELU_NETWORKS = make_networks({"fcnet_hiddens": [32], "fcnet_activation": "relu"}, OBS, ACT)
+
+
+def _relu_learner(num_devices: int = 1) -> Learner:
+    columns = B // num_devices
+    return Learner(
+        RELU_NETWORKS,
+        make_distribution(ACT),
+        OptimizerSpec(opt_type="adam", lr=1e-3),
+        LossSpec(GAMMA, VF_COEFF, ENTROPY, 1.0, 1.0, None),
+        StepSpec(columns, 0, 0, columns, num_epochs=1, shuffle=False),
+        jax.devices()[:num_devices],
+        jax.random.key(0),
+    )
+
+
+def test_feature_diagnostics_tell_a_blind_encoder_from_a_seeing_one():
+    """encoder_dead_unit_fraction and encoder_feature_std against numpy on the same rows; an
+    encoder whose units are all pushed below zero (dead ReLUs) reads 1 and 0; one device and
+    two devices (each with half the rows) report the same."""
+    batch = random_batch(3)
+    learner = _relu_learner()
+    params = jax.device_get(learner.state.params)
+    rows = batch.obs.reshape(-1, batch.obs.shape[-1])
+    _, _, features = RELU_NETWORKS.apply(params, rows, with_features=True)
+    features = np.asarray(features)
+    _, _, metrics = _params_delta(learner, batch)
+    np.testing.assert_allclose(
+        metrics["encoder_dead_unit_fraction"], np.mean(np.all(features <= 0, 0)), atol=1e-6
+    )
+    np.testing.assert_allclose(metrics["encoder_feature_std"], features.std(0).mean(), rtol=1e-4)
+    assert metrics["encoder_dead_unit_fraction"] < 0.5 and metrics["encoder_feature_std"] > 0.01
+
+    two = _relu_learner(num_devices=2)
+    _, _, metrics_2 = _params_delta(two, batch)
+    for key in ("encoder_dead_unit_fraction", "encoder_feature_std"):
+        np.testing.assert_allclose(metrics_2[key], metrics[key], rtol=1e-4, atol=1e-6)
+
+    blind = _relu_learner()
+    params = jax.device_get(blind.state.params)
+    biases = [k for k in jax.tree_util.tree_flatten_with_path(params["encoder"])[0]]
+    (path, _), *_ = [(p, x) for p, x in biases if "bias" in jax.tree_util.keystr(p)][-1:]
+    kill = lambda p, x: x - 1e3 if p == path else x  # noqa: E731
+    blind.state = blind.state.replace(
+        params={**params, "encoder": jax.tree_util.tree_map_with_path(kill, params["encoder"])}
+    )
+    _, _, metrics = _params_delta(blind, batch)
+    assert metrics["encoder_dead_unit_fraction"] == 1.0
+    assert metrics["encoder_feature_std"] == 0.0
