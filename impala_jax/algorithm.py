@@ -42,8 +42,32 @@ MAX_CONSECUTIVE_NON_FINITE = 10
 STEP_SIZE_CHECK_UPDATES = 10
 # An update whose root mean square is below this fraction of lr is "orders of magnitude" small.
 STALLED_STEP_RATIO = 1e-2
+# A blind-encoder warning when at least this share of the encoder's units is dead (see below).
+BLIND_DEAD_FRACTION = 0.9
 # Env seeds of process p start at seed + p * this (far above any runner's restart blocks).
 PROCESS_SEED_STRIDE = 1 << 24
+
+
+def blind_encoder_message(learner: dict) -> str | None:
+    """A warning when the policy's encoder gives (nearly) every observation the same features.
+
+    ``encoder_dead_unit_fraction`` (learner._feature_metrics) is the share of its output units
+    that are <= 0 for every observation of the batch: dead ReLUs pass no gradient, so they do not
+    come back, and with most of them dead the value and the policy cannot tell frames apart
+    (issue 17: Adam at lr 6e-4 on Pong's Nature CNN went there within 100 K env steps).
+    """
+    dead = learner.get("encoder_dead_unit_fraction")
+    if dead is None or not dead >= BLIND_DEAD_FRACTION:
+        return None
+    spread = learner.get("encoder_feature_std", float("nan"))
+    return (
+        f"encoder_dead_unit_fraction={dead:.2f}: {dead:.0%} of the policy encoder's output units "
+        f"are <= 0 for every observation of the last batch (dead ReLUs; the features' std across "
+        f"observations is {spread:.2g}). The network barely tells observations apart any more, "
+        "and dead units do not recover: the value and the policy stop learning from what they "
+        "see. The updates were too large for this network: restart with a smaller "
+        "training(lr=...) (or a gradient clip that binds). See docs/config.md, 'Loss reduction'."
+    )
 
 
 def stalled_step_message(learner: dict, config, num_parameters: int) -> str | None:
@@ -209,6 +233,7 @@ class IMPALA(Checkpointable):
         self._env_steps_trained = 0
         self._num_updates = 0
         self._step_size_checked = False  # stalled_step_message, once per build
+        self._blind_warned = False  # blind_encoder_message, at most once per build
         self._last_lag: list = []
         self._last_learner_metrics: dict = {}
         self._iterations_since_restore = 0  # Tune's bookkeeping keys, as RLlib's results have
@@ -424,6 +449,11 @@ class IMPALA(Checkpointable):
             self._step_size_checked = True
             message = stalled_step_message(learner, cfg, self._num_parameters)
             if message:
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+        if not self._blind_warned and self._num_updates >= STEP_SIZE_CHECK_UPDATES:
+            message = blind_encoder_message(learner)
+            if message:
+                self._blind_warned = True
                 warnings.warn(message, RuntimeWarning, stacklevel=2)
         elapsed = time.perf_counter() - started
         self._iteration += 1

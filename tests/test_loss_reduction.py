@@ -239,3 +239,30 @@ def test_feature_diagnostics_tell_a_blind_encoder_from_a_seeing_one():
     _, _, metrics = _params_delta(blind, batch)
     assert metrics["encoder_dead_unit_fraction"] == 1.0
     assert metrics["encoder_feature_std"] == 0.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("lr,blind", [(0.5, True), (1e-3, False)])
+def test_an_encoder_gone_blind_is_warned_about_once(lr, blind):
+    """Adam at lr 0.5 kills every ReLU of a CartPole MLP within 10 updates; lr 1e-3 does not."""
+    config = (
+        IMPALAConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=8, rollout_fragment_length=10)
+        .training(train_batch_size_per_learner=80, opt_type="adam", lr=lr)
+        .learners(num_learners=0)
+        .rl_module(model_config={"fcnet_hiddens": [32, 32], "fcnet_activation": "relu"})
+        .reporting(min_time_s_per_iteration=0)
+        .debugging(seed=0)
+    )
+    with warnings.catch_warnings(record=True) as caught, config.build() as algo:
+        warnings.simplefilter("always")
+        for _ in range(15):
+            learner = algo.train()["learners"]["default_policy"]
+    messages = [str(w.message) for w in caught if "encoder_dead_unit_fraction=" in str(w.message)]
+    if blind:
+        assert learner["encoder_dead_unit_fraction"] == 1.0, learner
+        assert learner["encoder_feature_std"] == 0.0
+        assert len(messages) == 1 and "smaller training(lr=...)" in messages[0], messages
+    else:
+        assert learner["encoder_dead_unit_fraction"] < 0.5 and messages == []
