@@ -115,8 +115,8 @@ def _feature_metrics(features: jax.Array) -> dict[str, jax.Array]:
     RMSProp at 3e-3 on Pong left 75-95 % of the Nature CNN's 512 units dead).
     """
     f = features.reshape(features.shape[0], -1).astype(jnp.float32)
-    n = jax.lax.psum(jnp.float32(f.shape[0]), LEARNER_AXIS)
-    mean = jax.lax.psum(jnp.sum(f, 0), LEARNER_AXIS) / n
+    n, total = jax.lax.psum((jnp.float32(f.shape[0]), jnp.sum(f, 0)), LEARNER_AXIS)
+    mean = total / n
     var = jax.lax.psum(jnp.sum(jnp.square(f - mean[None]), 0), LEARNER_AXIS) / n
     alive = jax.lax.pmax(jnp.max(f, 0), LEARNER_AXIS) > 0.0
     return {

@@ -230,12 +230,14 @@ def test_feature_diagnostics_tell_a_blind_encoder_from_a_seeing_one():
 
     blind = _relu_learner()
     params = jax.device_get(blind.state.params)
-    biases = [k for k in jax.tree_util.tree_flatten_with_path(params["encoder"])[0]]
-    (path, _), *_ = [(p, x) for p, x in biases if "bias" in jax.tree_util.keystr(p)][-1:]
-    kill = lambda p, x: x - 1e3 if p == path else x  # noqa: E731
-    blind.state = blind.state.replace(
-        params={**params, "encoder": jax.tree_util.tree_map_with_path(kill, params["encoder"])}
-    )
+    leaves, _ = jax.tree_util.tree_flatten_with_path(params["encoder"])
+    last_bias = [path for path, _ in leaves if "bias" in jax.tree_util.keystr(path)][-1]
+
+    def kill(path, x):  # every unit of the encoder's last layer pushed far below zero
+        return x - 1e3 if path == last_bias else x
+
+    encoder = jax.tree_util.tree_map_with_path(kill, params["encoder"])
+    blind.state = blind.state.replace(params={**params, "encoder": encoder})
     _, _, metrics = _params_delta(blind, batch)
     assert metrics["encoder_dead_unit_fraction"] == 1.0
     assert metrics["encoder_feature_std"] == 0.0
