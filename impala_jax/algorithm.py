@@ -52,9 +52,10 @@ def blind_encoder_message(learner: dict) -> str | None:
     """A warning when the policy's encoder gives (nearly) every observation the same features.
 
     ``encoder_dead_unit_fraction`` (learner._feature_metrics) is the share of its output units
-    that are <= 0 for every observation of the batch: dead ReLUs pass no gradient, so they do not
-    come back, and with most of them dead the value and the policy cannot tell frames apart
-    (issue 17: Adam at lr 6e-4 on Pong's Nature CNN went there within 100 K env steps).
+    that are <= 0 for every observation of the batch. A dead ReLU passes no gradient to its own
+    weights (only the layers below can revive it), and with most of them dead the value and the
+    policy cannot tell frames apart (issue 17: Adam at lr 6e-4 on Pong's Nature CNN went there
+    within 100 K env steps; a fresh one reads about 0.46 on Pong's near-identical frames).
     """
     dead = learner.get("encoder_dead_unit_fraction")
     if dead is None or not dead >= BLIND_DEAD_FRACTION:
@@ -64,7 +65,7 @@ def blind_encoder_message(learner: dict) -> str | None:
         f"encoder_dead_unit_fraction={dead:.2f}: {dead:.0%} of the policy encoder's output units "
         f"are <= 0 for every observation of the last batch (dead ReLUs; the features' std across "
         f"observations is {spread:.2g}). The network barely tells observations apart any more, "
-        "and dead units do not recover: the value and the policy stop learning from what they "
+        "and dead units rarely recover: the value and the policy stop learning from what they "
         "see. The updates were too large for this network: restart with a smaller "
         "training(lr=...) (or a gradient clip that binds). See docs/config.md, 'Loss reduction'."
     )
@@ -86,7 +87,18 @@ def stalled_step_message(learner: dict, config, num_parameters: int) -> str | No
     if not ratio < STALLED_STEP_RATIO:
         return None
     grad_norm = learner.get("gradients_default_optimizer_global_norm", float("nan"))
+    if config.grad_clip is not None and config.grad_clip_by == "global_norm":
+        grad_norm = min(grad_norm, config.grad_clip)  # what reaches the optimizer
     grad_rms = grad_norm / max(num_parameters, 1) ** 0.5
+    if config.opt_type == "rmsprop" and grad_rms / (grad_rms**2 + config.epsilon) ** 0.5 >= (
+        STALLED_STEP_RATIO
+    ):
+        # The mean square starts at 1 (TF1) and decays as decay^k: the first updates are small
+        # by design. Once it has decayed the step is about lr * g / sqrt(g^2 + epsilon) per
+        # parameter, which is not orders of magnitude below lr here, so nothing is stalled
+        # (issue 17, Pong: A2C's lr 7e-4 and epsilon 1e-5 with a mean loss read 5e-4 x lr at
+        # update 12 and 0.02-0.05 x lr from update 200 on, and its value learned).
+        return None
     fixes = []
     if config.opt_type == "rmsprop":
         fixes.append(

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from impala_jax import IMPALAConfig
+from impala_jax.algorithm import stalled_step_message
 from impala_jax.distributions import make_distribution
 from impala_jax.learner import Learner, LossSpec, StepSpec
 from impala_jax.networks import make_networks
@@ -268,3 +269,40 @@ def test_an_encoder_gone_blind_is_warned_about_once(lr, blind):
         assert len(messages) == 1 and "smaller training(lr=...)" in messages[0], messages
     else:
         assert learner["encoder_dead_unit_fraction"] < 0.5 and messages == []
+
+
+def _stall_check(opt_type, epsilon, grad_norm, ratio=5e-4, num_parameters=1_000_000):
+    config = IMPALAConfig().training(opt_type=opt_type, epsilon=epsilon, grad_clip=None)
+    learner = {
+        "update_rms_to_lr_ratio": ratio,
+        "curr_lr": 7e-4,
+        "gradients_default_optimizer_global_norm": grad_norm,
+    }
+    return stalled_step_message(learner, config, num_parameters)
+
+
+def test_rmsprops_warm_up_from_a_mean_square_of_1_is_not_reported_as_a_stall():
+    # The gradient's RMS per parameter is 2.2e-3 (global norm 2.2 over 1 M parameters): with
+    # epsilon 1e-5 (A2C's) the steady step is about lr * 2.2e-3 / sqrt(4.8e-6 + 1e-5) = 0.57 lr,
+    # so a small step at update 10 is the mean square still decaying from 1, not a stall.
+    assert _stall_check("rmsprop", 1e-5, grad_norm=2.2) is None
+    # The paper's epsilon 0.01 under a mean loss: 1e-5 / sqrt(0.01) = 1e-4 x lr for good.
+    message = _stall_check("rmsprop", 0.01, grad_norm=0.01)
+    assert message and "epsilon=0.01" in message, message
+    # Adam has no such warm-up: a small step after 10 updates is reported as it is.
+    assert _stall_check("adam", 0.1, grad_norm=2.2) is not None
+    # A step that is not small is never reported.
+    assert _stall_check("rmsprop", 0.01, grad_norm=0.01, ratio=0.05) is None
+
+
+def test_the_stall_check_sees_the_clipped_gradient():
+    # A global norm of 1000 clipped to 0.01 reaches RMSProp as 1e-5 per parameter: a stall.
+    config = IMPALAConfig().training(opt_type="rmsprop", epsilon=0.01, grad_clip=0.01)
+    learner = {
+        "update_rms_to_lr_ratio": 5e-4,
+        "curr_lr": 7e-4,
+        "gradients_default_optimizer_global_norm": 1000.0,
+    }
+    assert stalled_step_message(learner, config, 1_000_000) is not None
+    unclipped = IMPALAConfig().training(opt_type="rmsprop", epsilon=0.01, grad_clip=None)
+    assert stalled_step_message(learner, unclipped, 1_000_000) is None
