@@ -24,20 +24,27 @@ Target: RLlib's tuned IMPALA Pong example reaches a return of 20 within 10 M env
 steps, i.e. 40 M frames); that is the stop criterion below.
 
 Sizing. As written: one GPU and 16 cores (4 runners x 32 envs, 4 envpool threads each). On a
-2-core CPU the deep network's learner step is too slow (about 50 samples/s); run the Nature CNN
-with one runner of 64 envs x 5 steps, half the batch and four updates of 80 rows per batch
-(16 envs in each) instead::
+2-core CPU the deep network's learner step is too slow (about 50 samples/s), and even the Nature
+CNN costs 49 minutes per 1 M env steps at 84 x 84. Frames of 42 x 42 (envpool resizes them; RLlib's
+own fast Pong example trains on 42 x 42 too) make its convolutions about 13 times cheaper, so a
+CPU can afford four passes over each batch. Measured (2026-12-02, benchmarks/README.md, "Atari
+learning", fourth look: run q4): 1 M env steps in 10.7 minutes (1,564 env steps/s) with::
 
-    python -m impala_jax.run experiments/pong.py env_runners.num_env_runners=1 \
-        env_runners.num_envs_per_env_runner=64 env_runners.rollout_fragment_length=5 \
-        env_runners.num_cpus_per_env_runner=1 training.train_batch_size_per_learner=320 \
-        training.minibatch_size=80 learners.num_learners=0 \
-        rl_module.model_config.encoder=nature_cnn --stop num_env_steps_sampled_lifetime=1000000
+    python -m impala_jax.run experiments/pong.py \
+        environment.env_config.img_height=42 environment.env_config.img_width=42 \
+        env_runners.num_env_runners=1 env_runners.num_envs_per_env_runner=64 \
+        env_runners.rollout_fragment_length=20 env_runners.num_cpus_per_env_runner=1 \
+        training.train_batch_size_per_learner=1280 training.minibatch_size=320 \
+        training.num_epochs=4 learners.num_learners=0 rl_module.model_config.encoder=nature_cnn \
+        training.opt_type=rmsprop training.lr=5e-4 training.decay=0.99 training.epsilon=1e-5 \
+        training.grad_clip=0.5 training.loss_reduction=mean \
+        --stop num_env_steps_sampled_lifetime=1000000
 
-Measured so (2026-12-02, benchmarks/README.md, "Atari learning"): 1 M env steps in 49 minutes;
-the value learns (explained variance 0.88) but the policy does not yet move in 1 M env steps
-(entropy within 1 % of ln 6, return -20.2). Larger learning rates do not help: they kill the
-CNN's units (the learner's ``encoder_dead_unit_fraction``, and a warning).
+(A2C's RMSProp on the mean loss there: it keeps the CNN's units alive where Adam empties them.)
+What it learns on a CPU so far: the value does (explained variance 0.5-0.9 within 1 M env
+steps), the policy not yet: the entropy dips to 1.2-1.7 and comes back to within 1-2 % of
+ln 6, and the return stays at -20.1 to -20.3 after 1 M env steps. A PPO loop on the same env,
+frames and network (benchmarks/pong_ppo_reference.py) does no better in 1 M env steps.
 """
 
 from impala_jax import IMPALAConfig
