@@ -310,8 +310,10 @@ def _memory_config(use_lstm: bool):
     )
 
 
-def _memory_returns(config, max_steps):
-    """Every smoothed return mean over a full window of 100 episodes, up to max_steps."""
+def _memory_returns(config, max_steps, min_means=0):
+    """Every smoothed return mean over a full window of 100 episodes, up to max_steps (and on
+    until there are min_means of them, within 4 x max_steps: how many iterations max_steps
+    takes depends on the machine's speed)."""
     means = []
     with config.build() as algo:
         while True:
@@ -319,7 +321,8 @@ def _memory_returns(config, max_steps):
             runners = result["env_runners"]
             if runners["num_episodes_lifetime"] >= 100:
                 means.append(runners["episode_return_mean"])
-            done = result["num_env_steps_sampled_lifetime"] > max_steps
+            steps = result["num_env_steps_sampled_lifetime"]
+            done = steps > max_steps and (len(means) >= min_means or steps > 4 * max_steps)
             if done or (means and means[-1] >= 0.97):
                 return means
 
@@ -330,6 +333,6 @@ def test_the_lstm_remembers_a_cue_that_a_feedforward_policy_cannot():
     # Measured: the LSTM is at 1.0 after about 15 K env steps; feedforward stays at 0.45-0.55.
     recurrent = _memory_returns(_memory_config(use_lstm=True), max_steps=300_000)
     assert max(recurrent) >= 0.95, recurrent
-    feedforward = _memory_returns(_memory_config(use_lstm=False), max_steps=100_000)
+    feedforward = _memory_returns(_memory_config(use_lstm=False), max_steps=100_000, min_means=5)
     assert len(feedforward) >= 5 and max(feedforward) < 0.75, feedforward
     assert abs(np.mean(feedforward) - 0.5) < 0.1, feedforward
