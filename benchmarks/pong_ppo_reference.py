@@ -63,20 +63,16 @@ def main(argv=None) -> list[dict]:
     tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(2.5e-4, eps=1e-5))
     opt_state = tx.init(params)
 
-    def forward(params, obs):
-        logits, value = net.apply(params, obs)
-        return logits, value
-
     @jax.jit
     def act(params, obs, key):
         key, sub = jax.random.split(key)
-        logits, value = forward(params, obs)
+        logits, value = net.apply(params, obs)
         action = jax.random.categorical(sub, logits)
         logp = jax.nn.log_softmax(logits)[jnp.arange(obs.shape[0]), action]
         return action, logp, value, key
 
     def loss_fn(params, mb):
-        logits, value = forward(params, mb["obs"])
+        logits, value = net.apply(params, mb["obs"])
         log_all = jax.nn.log_softmax(logits)
         logp = jnp.take_along_axis(log_all, mb["action"][:, None], axis=1)[:, 0]
         w = mb["valid"]
