@@ -27,12 +27,51 @@ import importlib
 import importlib.util
 import math
 import sys
+import types
 import warnings
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
+
+
+
+def import_envpool():
+    """envpool, imported without running ``envpool.jumanji``'s package ``__init__``.
+
+    ``import envpool`` registers every family (envpool/entry.py), and registering the jumanji
+    family runs ``envpool/jumanji/__init__.py``, which imports its renderer and with it
+    matplotlib.pyplot: 0.5-1.0 s of a CartPole run's start-up, for envs it never makes (measured
+    with ``-X importtime``, envpool 1.2.5). The registration module itself needs nothing from
+    that ``__init__``: it names ``"envpool.jumanji"`` as an import path for ``envpool.make`` to
+    import later. So a bare package stands in for ``envpool.jumanji`` while envpool imports, and
+    is taken out again afterwards: making a jumanji env then imports the real package as usual.
+    Anything unexpected (another envpool layout) falls back to the plain import.
+    """
+    if "envpool" in sys.modules:
+        return sys.modules["envpool"]
+    spec = importlib.util.find_spec("envpool")
+    if spec is None:
+        raise ImportError("No module named 'envpool'")
+    jumanji = Path(spec.origin).parent / "jumanji"
+    if "envpool.jumanji" in sys.modules or not (jumanji / "registration.py").is_file():
+        import envpool
+
+        return envpool
+    stand_in = types.ModuleType("envpool.jumanji")
+    stand_in.__path__ = [str(jumanji)]
+    sys.modules["envpool.jumanji"] = stand_in
+    try:
+        import envpool
+    finally:
+        if sys.modules.get("envpool.jumanji") is stand_in:
+            del sys.modules["envpool.jumanji"]
+        package = sys.modules.get("envpool")
+        if package is not None and getattr(package, "jumanji", None) is stand_in:
+            delattr(package, "jumanji")
+    return envpool
 
 
 class VecEnv(abc.ABC):
@@ -79,7 +118,7 @@ class EnvpoolVecEnv(VecEnv):
         env_config: Mapping[str, Any],
         num_threads: int = 1,
     ):
-        import envpool
+        envpool = import_envpool()
 
         self.name = env_id
         self.num_envs = num_envs
@@ -221,7 +260,7 @@ def _check_obs(obs, space: gym.Space, name: str, where: str) -> None:
 @functools.cache
 def _envpool_ids() -> frozenset[str]:
     try:
-        import envpool
+        envpool = import_envpool()
     except ImportError:  # envpool has no wheel for this platform: gymnasium only
         return frozenset()
     return frozenset(envpool.list_all_envs())
@@ -287,7 +326,7 @@ _ENVPOOL_BATCH_OPTIONS = frozenset(
 
 def envpool_options(env_id: str) -> frozenset[str]:
     """The options ``envpool.make(env_id, ...)`` takes (its spec's config fields)."""
-    import envpool
+    envpool = import_envpool()
 
     return frozenset(envpool.make_spec(env_id).config._fields)
 

@@ -441,3 +441,30 @@ def test_is_atari_is_detected_from_the_id_and_clips_rewards(env, atari):
     assert specs.clip_rewards(config) == (True if atari else None)
     assert specs.clip_rewards(config.copy().environment(is_atari=False)) is None
     assert specs.clip_rewards(config.copy().environment(clip_rewards=False)) is False
+
+
+@pytest.mark.timeout(150)
+def test_envpool_imports_without_the_jumanji_renderer_and_still_makes_jumanji_envs():
+    # import_envpool skips envpool.jumanji's __init__ (its renderer imports matplotlib.pyplot,
+    # 0.5-1 s of start-up); every family stays registered and a jumanji env still builds.
+    code = """
+import sys
+from impala_jax.envs import EnvpoolVecEnv, choose_env, import_envpool
+envpool = import_envpool()
+assert "matplotlib" not in sys.modules
+assert "envpool.jumanji" not in sys.modules and not hasattr(envpool, "jumanji")
+assert choose_env("CartPole-v1").backend == "envpool"
+env = EnvpoolVecEnv("CartPole-v1", 2, 0, {})
+env.async_reset(); env.recv(); env.close()
+assert "matplotlib" not in sys.modules
+from envpool.registration import registry
+families = {spec[0] for spec in registry.specs.values()}
+assert {"envpool.atari", "envpool.classic_control", "envpool.jumanji"} <= families, families
+jumanji_id = next(i for i, spec in registry.specs.items() if spec[0] == "envpool.jumanji")
+env = envpool.make(jumanji_id, env_type="gymnasium", num_envs=1)
+env.reset()
+assert sys.modules["envpool.jumanji"].__file__.endswith("__init__.py")
+assert import_envpool() is envpool
+"""
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
