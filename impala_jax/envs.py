@@ -37,7 +37,6 @@ import gymnasium as gym
 import numpy as np
 
 
-
 def import_envpool():
     """envpool, imported without running ``envpool.jumanji``'s package ``__init__``.
 
