@@ -16,6 +16,7 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ RESULT_FILE = "result.json"
 PROGRESS_FILE = "progress.csv"
 PARAMS_FILE = "params.json"
 CURVE_FILE = "learning_curve.png"
+IMPORT_WAIT_S = 60.0  # longest wait for the curve plotter's matplotlib import
 RETURN_KEY = "env_runners/episode_return_mean"
 STEPS_KEY = "num_env_steps_sampled_lifetime"
 # RLlib's spelling of the same count (its example scripts' step budget).
@@ -222,9 +224,13 @@ class TensorBoardLogger:
 class CurvePlotter:
     """``learning_curve.png``: return mean (with the min-max band) against env steps.
 
-    Redrawn at most every ``interval_s`` seconds (a draw costs ~0.1-0.3 s, too much for every
-    short iteration) and always at ``close()``. The stop threshold on the return, and the env-step
-    budget, are drawn as dashed lines. The history is read back from result.json on resume.
+    Drawn first ``interval_s`` seconds after it is opened, then at most every ``interval_s``
+    seconds (a draw costs ~0.1-0.3 s, too much for every short iteration), and always at
+    ``close()``. matplotlib is imported by a thread of its own as the plotter opens: in the
+    training loop's thread that import (0.4-1.0 s on 2 cores) stalled the learner at the first
+    iteration, a tenth of a 10 s CartPole run. The stop threshold on the return, and the
+    env-step budget, are drawn as dashed lines. The history is read back from result.json on
+    resume.
     """
 
     def __init__(
@@ -240,7 +246,11 @@ class CurvePlotter:
         self.title = title
         self.interval_s = interval_s
         self._points: list[tuple[float, float, float, float, float]] = []
-        self._last_draw = -math.inf
+        self._last_draw = time.monotonic()  # the first draw waits interval_s too
+        self._import = threading.Thread(
+            target=_import_matplotlib, name="impala_jax-matplotlib-import", daemon=True
+        )
+        self._import.start()
         self._dirty = False
         for result in history:
             self._add(result)
@@ -263,10 +273,9 @@ class CurvePlotter:
             self.draw()
 
     def draw(self) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only, never a window; harmless if already set
-        from matplotlib.figure import Figure
+        # Bounded: if the import thread is stuck, the import below does it (or raises).
+        self._import.join(timeout=IMPORT_WAIT_S)
+        Figure = _import_matplotlib()
 
         fig = Figure(figsize=(7, 4.2), dpi=100, layout="constrained")
         ax = fig.add_subplot()
@@ -282,6 +291,16 @@ class CurvePlotter:
     def close(self) -> None:
         if self._dirty or not self.path.exists():
             self.draw()
+
+
+def _import_matplotlib():
+    """matplotlib's Figure, with the file-only Agg backend (never a window)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # harmless if already set
+    from matplotlib.figure import Figure
+
+    return Figure
 
 
 def plot_curve(ax, points: list[tuple], stop: Mapping[str, Any] | None = None) -> None:

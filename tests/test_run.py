@@ -172,6 +172,31 @@ def test_tensorboard_and_curve(tmp_path):
     assert matplotlib.image.imread(tmp_path / "learning_curve.png").ndim == 3
 
 
+def test_the_curve_waits_its_interval_and_matplotlib_imports_beside_training(tmp_path):
+    # The first draw waits interval_s like every later one, and matplotlib is imported by the
+    # plotter's own thread as it opens, not by the training loop's first write.
+    code = f"""
+import sys, time
+from impala_jax import loggers
+curve = loggers.CurvePlotter(__import__("pathlib").Path({str(tmp_path)!r}), interval_s=0.5)
+curve._import.join(timeout=60)
+assert "matplotlib.figure" in sys.modules
+r = {{"num_env_steps_sampled_lifetime": 100, "env_runners": {{"episode_return_mean": 1.0}}}}
+curve.write(r)
+assert not curve.path.exists()
+time.sleep(0.6)
+curve.write(r)
+assert curve.path.exists()
+curve.path.unlink()
+curve.close()
+assert curve.path.exists()
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_wandb_missing_message(monkeypatch):
     assert loggers.wandb_missing_message() is None  # the test extra installs wandb
     monkeypatch.setitem(sys.modules, "wandb", None)  # what an absent package looks like
