@@ -254,6 +254,11 @@ class Callbacks:
     def has(self, hook: str) -> bool:
         return hook in self._receivers
 
+    @property
+    def empty(self) -> bool:
+        """No callbacks class and no callable: nothing of the user's runs at any hook."""
+        return not (self.objects or self._receivers)
+
     def call(self, hook: str, **kwargs) -> None:
         """Class methods first, then the per-event callables, in order (RLlib's order).
 

@@ -437,7 +437,12 @@ def _join(args) -> None:
         raise RunError(one_line(err)) from err
 
 
+# Whether exit_without_teardown must let the interpreter tear down: set once a run has built.
+_TEARDOWN_NEEDED = True
+
+
 def _train(args, config, stop, run_dir, name, record, resume_from, display, interrupt) -> int:
+    global _TEARDOWN_NEEDED
     try:
         algo = config.build()
     except ValueError as err:  # e.g. an env id that neither envpool nor gymnasium has
@@ -450,6 +455,7 @@ def _train(args, config, stop, run_dir, name, record, resume_from, display, inte
     if primary:
         write_run_files(run_dir, config, record)
     algo.env_runner_group.on_down = display.runners_down  # while no runner samples
+    _TEARDOWN_NEEDED = not algo._callbacks.empty
     with algo:
         resume_iteration = resume_steps = None
         if resume_from is not None:
@@ -533,5 +539,33 @@ def _loop(algo, args, stop, run_dir, display, interrupt, writers, iteration: int
     return 128 + signum
 
 
+def exit_without_teardown(code: int) -> None:
+    """Ends the CLI process with ``code`` once the run is over, skipping the interpreter's
+    teardown where nothing needs it.
+
+    By the time ``main`` returns, the run's files are closed (writers, checkpoints, the
+    display) and its algorithm stopped. What the interpreter's teardown then does (clearing
+    every module of JAX, Flax, envpool and the rest, destroying the XLA client and envpool's
+    threads) took 0.7-0.9 s after ``main`` returned, on 2 cores: a tenth of a CartPole run to
+    450. So the process runs the exit handlers (``atexit``: JAX's, the experiment file's; 0.04
+    s), flushes its standard streams and calls ``os._exit``. The whole teardown runs where it
+    matters: with callbacks (user code that may hold files open, which teardown flushes;
+    looking for such files among the heap's objects took 0.36 s), several processes, Ray (a
+    sweep, a cluster) and W&B.
+    """
+    if (
+        _TEARDOWN_NEEDED
+        or distributed.process_count() > 1
+        or any(m in sys.modules for m in ("ray", "wandb"))
+    ):
+        sys.exit(code)
+    import atexit
+
+    atexit._run_exitfuncs()  # CPython's own exit runs these, logging.shutdown among them
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

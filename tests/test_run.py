@@ -505,6 +505,66 @@ def test_cli_sigkill_mid_run_then_resume_leaves_one_clean_history(tmp_path):
     assert board["training_iteration"] == steps
 
 
+@pytest.mark.timeout(240)
+def test_the_cli_exits_without_teardown_unless_callbacks_run(tmp_path):
+    # exit_without_teardown: the exit handlers run (an experiment file's atexit too), the
+    # run's files are complete, and the interpreter's teardown (0.7-0.9 s) is skipped; with
+    # callbacks, which may hold files open, the whole teardown runs as usual.
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    text = f"""
+import atexit
+import runpy
+
+config = runpy.run_path({CARTPOLE!r})["config"]
+MARKS = {str(marks)!r}
+
+
+class Teardown:
+    def __del__(self, open=open):  # module globals are cleared by the interpreter's teardown
+        open(MARKS + "/teardown", "w").close()
+
+
+TEARDOWN = Teardown()
+atexit.register(lambda: open(MARKS + "/atexit", "w").close())
+"""
+    experiment = tmp_path / "exp.py"
+    experiment.write_text(text)
+    for callbacks, teardown in (
+        ([], False),
+        (["callbacks.callbacks_class=impala_jax.callbacks.RLlibCallback"], True),
+    ):
+        for f in marks.iterdir():
+            f.unlink()
+        logdir = tmp_path / f"logs{len(callbacks)}"
+        proc = subprocess.run(
+            cli(
+                str(experiment),
+                *TINY,
+                *callbacks,
+                "--stop",
+                "training_iteration=3",
+                "--logdir",
+                str(logdir),
+                "--quiet",
+            ),
+            capture_output=True,
+            text=True,
+            env=env(),
+            cwd=ROOT,
+            timeout=200,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "stopped: training_iteration=3" in proc.stdout
+        (run_dir,) = logdir.iterdir()
+        assert [r["training_iteration"] for r in results(run_dir)] == [1, 2, 3]
+        assert checkpoints(run_dir)[-1][0] == 3
+        assert (run_dir / "learning_curve.png").stat().st_size > 0
+        assert sorted(f.name for f in marks.iterdir()) == sorted(
+            ["atexit", *(["teardown"] if teardown else [])]
+        ), (callbacks, proc.stderr)
+
+
 def test_the_display_says_when_no_runner_samples(capsys):
     shown = display.Display("plain", None, "run", {})
     shown.runners_down("No EnvRunner is sampling; the learner waits for a restart.\n  ...")
