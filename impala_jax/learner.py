@@ -318,8 +318,18 @@ class Learner:
         )
 
     def init_replay(self, example: Batch) -> None:
-        """Zeroed slots shaped like one column of ``example`` (a host fragment)."""
-        n = self.num_devices
+        """Zeroed slots shaped like one column of ``example`` (a host fragment).
+
+        Over several processes each process builds the part on its own devices (parallel.put
+        assembles the global array from the processes' parts): slots and keys for those devices
+        only, each device keeping the key it has on one process.
+        """
+        mine = [
+            i
+            for i, d in enumerate(self.mesh.devices.flat)
+            if d.process_index == jax.process_index()
+        ]
+        n = len(mine)
         slots = self.step_spec.replay_slots * n
 
         def zeros(x):
@@ -327,7 +337,8 @@ class Learner:
             return jnp.zeros((slots, x.shape[0], *x.shape[2:]), x.dtype)
 
         data = jax.tree.map(zeros, example._replace(param_version=None))
-        keys = jax.random.key_data(jax.random.split(self._replay_key, n))
+        keys = jax.random.key_data(jax.random.split(self._replay_key, self.num_devices))
+        keys = keys[np.asarray(mine)]
         replay = Replay(data, jnp.zeros((n,), jnp.int32), keys)
         self.replay = parallel.put(replay, self.mesh, parallel.LEADING)
 

@@ -31,6 +31,8 @@ def _config(me: int, num_env_runners: int):
     )
     if num_env_runners:  # with threads, also an evaluation (process 0's, sent to both)
         config.evaluation(evaluation_interval=2, evaluation_duration=3)
+    else:  # lockstep: with mixin replay, whose slots and keys each process builds for its devices
+        config.training(replay_proportion=1.0, replay_buffer_num_slots=16)
     return config
 
 
