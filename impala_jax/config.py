@@ -123,6 +123,7 @@ class IMPALAConfig(RLlibBuilders):
         self.decay = 0.99  # RMSProp decay
         self.momentum = 0.0  # RMSProp momentum
         self.epsilon = 0.1  # RMSProp epsilon (Adam keeps optax's default)
+        self.rmsprop_initial_scale = 1.0  # impala_jax's: RMSProp's mean square at step 0
         self.vf_loss_coeff = 0.5  # weight of the value loss
         self.loss_reduction = "mean"  # impala_jax's: "mean" (RLlib's) or "sum" (the paper's)
         self.entropy_coeff = 0.01  # float or [[timestep, value], ...]
@@ -271,6 +272,7 @@ class IMPALAConfig(RLlibBuilders):
         decay=NotProvided,
         momentum=NotProvided,
         epsilon=NotProvided,
+        rmsprop_initial_scale=NotProvided,
         vf_loss_coeff=NotProvided,
         loss_reduction=NotProvided,
         entropy_coeff=NotProvided,

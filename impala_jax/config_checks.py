@@ -450,6 +450,7 @@ class _Validator:
         c.check("decay", lambda v: _is_real(v) and 0 <= v < 1, "a number in [0, 1)")
         c.real("momentum", 0)
         c.real("epsilon", 0, open_low=True)
+        c.real("rmsprop_initial_scale", 0)
         c.real("vf_loss_coeff", 0)
         c.choice("loss_reduction", LOSS_REDUCTIONS)
         c.check("gamma", lambda v: _is_real(v) and 0 <= v <= 1, "a number in [0, 1]")

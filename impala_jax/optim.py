@@ -130,6 +130,7 @@ class OptimizerSpec:
     decay: float = 0.99
     momentum: float = 0.0
     epsilon: float = 0.1
+    rmsprop_initial_scale: float = 1.0
     separate_vf_optimizer: bool = False
     lr_vf: float = 0.0005
     max_consecutive_non_finite: int = 10
@@ -201,7 +202,7 @@ def _single(spec: OptimizerSpec, lr: Schedule) -> optax.GradientTransformationEx
         )
     # RMSProp as TensorFlow 1's tf.train.RMSPropOptimizer, which the IMPALA paper used
     # (arXiv:1802.01561, sec. 5 and table G.1: decay 0.99, eps 0.1, momentum 0):
-    #   ms  = decay * ms + (1 - decay) * g^2          (ms starts at 1.0, not 0)
+    #   ms  = decay * ms + (1 - decay) * g^2          (ms starts at 1.0, not 0: see below)
     #   mom = momentum * mom + lr * g / sqrt(ms + eps) (eps inside the sqrt; lr before momentum)
     #   w  -= mom
     # RLlib's old TF stack built exactly this optimizer. Torch's RMSprop differs (ms starts at 0,
@@ -209,9 +210,19 @@ def _single(spec: OptimizerSpec, lr: Schedule) -> optax.GradientTransformationEx
     # known quirk we do not reproduce. Taking the TF1 form keeps the paper's eps = 0.1 meaningful.
     # The lr is applied before the momentum trace so a scheduled lr weights each gradient by the
     # lr of its own step, as TF does.
+    # `rmsprop_initial_scale` is the mean square at step 0: TF1's 1.0 by default. With a mean
+    # loss the gradients are far below 1, and decaying that 1.0 away takes about
+    # ln(g^2) / ln(decay) updates (some 1,500 at decay 0.99), during which every step is a small
+    # fraction of what it becomes (Pong, Nature CNN: 2e-4 to 1.6e-3 x lr over the first 150
+    # updates); 0.0 starts at the gradients' own scale, as torch and optax do.
     parts = [
         _clip(spec.grad_clip, spec.grad_clip_by),
-        optax.scale_by_rms(decay=spec.decay, eps=spec.epsilon, initial_scale=1.0, eps_in_sqrt=True),
+        optax.scale_by_rms(
+            decay=spec.decay,
+            eps=spec.epsilon,
+            initial_scale=spec.rmsprop_initial_scale,
+            eps_in_sqrt=True,
+        ),
         _scale_by_neg_lr(lr_fn),
     ]
     if spec.momentum:

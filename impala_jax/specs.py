@@ -18,6 +18,7 @@ def optimizer_spec(config) -> OptimizerSpec:
         decay=config.decay,
         momentum=config.momentum,
         epsilon=config.epsilon,
+        rmsprop_initial_scale=config.rmsprop_initial_scale,
         separate_vf_optimizer=config._separate_vf_optimizer,
         lr_vf=config._lr_vf,
         # Never apply a non-finite update on device; train() stops the run instead.

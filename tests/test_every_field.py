@@ -233,6 +233,7 @@ FIELDS: dict[str, Any] = {
     "decay": Spec(0.9, optimizer, also=RMSPROP),
     "momentum": Spec(0.5, optimizer, also=RMSPROP),
     "epsilon": Spec(0.01, optimizer, also=RMSPROP),
+    "rmsprop_initial_scale": Spec(0.0, optimizer, also=RMSPROP),
     "vf_loss_coeff": Spec(0.1, loss),
     "loss_reduction": Spec("sum", loss),
     "entropy_coeff": Spec(0.1, loss),

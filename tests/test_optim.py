@@ -87,10 +87,11 @@ def _np_adam(params, grads_seq, lrs, b1=0.9, b2=0.999, eps=1e-8):
     return out
 
 
-def _np_rmsprop_tf1(params, grads_seq, lrs, decay, eps, momentum):
-    """TF1 RMSProp: ms starts at 1; ms = d ms + (1-d) g^2; mom = mu mom + lr g / sqrt(ms + eps)."""
+def _np_rmsprop_tf1(params, grads_seq, lrs, decay, eps, momentum, initial=1.0):
+    """TF1 RMSProp: ms starts at 1 (`initial`); ms = d ms + (1-d) g^2;
+    mom = mu mom + lr g / sqrt(ms + eps)."""
     w = np.asarray(params, np.float64)
-    ms = np.ones_like(w)
+    ms = np.full_like(w, initial)
     mom = np.zeros_like(w)
     out = []
     for g, lr in zip(grads_seq, lrs, strict=True):
@@ -138,6 +139,31 @@ def test_rmsprop_three_steps_match_tf1_numpy(momentum):
     expected = _per_leaf(_np_rmsprop_tf1, grads_seq, lrs, decay=0.99, eps=0.1, momentum=momentum)
     for got, want in zip(history, expected, strict=True):
         _assert_trees_close(got, want)
+
+
+def test_rmsprop_initial_scale_0_starts_at_the_gradients_scale():
+    grads_seq = [jax.tree.map(lambda g: 1e-3 * g, _grads(s)) for s in range(3)]
+    spec = OptimizerSpec(
+        opt_type="rmsprop", lr=0.01, grad_clip=None, epsilon=1e-5, rmsprop_initial_scale=0.0
+    )
+    history, _ = _run(spec, grads_seq, [0, 10, 20])
+    expected = _per_leaf(
+        _np_rmsprop_tf1, grads_seq, [0.01] * 3, decay=0.99, eps=1e-5, momentum=0.0, initial=0.0
+    )
+    for got, want in zip(history, expected, strict=True):
+        _assert_trees_close(got, want)
+    # Gradients of 1e-3 x O(1): from a mean square of 1 the first step is ~1e-3 x lr per
+    # param; from 0 it is g / sqrt(0.01 g^2 + 1e-5), a few tenths of lr.
+    p0 = _np(_params())
+    tf1, _ = _run(
+        OptimizerSpec(opt_type="rmsprop", lr=0.01, grad_clip=None, epsilon=1e-5), grads_seq[:1], [0]
+    )
+
+    def step_rms(history):
+        leaves = zip(jax.tree.leaves(_np(history[0])), jax.tree.leaves(p0), strict=True)
+        return np.sqrt(np.mean(np.concatenate([np.ravel(a - b) ** 2 for a, b in leaves])))
+
+    assert step_rms(history) > 30 * step_rms(tf1)
 
 
 def _np_clip(grads, clip, by):
