@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import logging
+import math
 import time
 import warnings
 import weakref
@@ -42,6 +43,9 @@ MAX_CONSECUTIVE_NON_FINITE = 10
 STEP_SIZE_CHECK_UPDATES = 10
 # An update whose root mean square is below this fraction of lr is "orders of magnitude" small.
 STALLED_STEP_RATIO = 1e-2
+# RMSProp's mean square decaying from rmsprop_initial_scale for longer than this many updates is
+# reported (the paper's epsilon 0.01 and 0.1 bound it at 458 and 229 updates at decay 0.99).
+RMSPROP_WARM_UP_UPDATES = 1000
 # A blind-encoder warning when at least this share of the encoder's units is dead (see below).
 BLIND_DEAD_FRACTION = 0.9
 # Env seeds of process p start at seed + p * this (far above any runner's restart blocks).
@@ -97,8 +101,10 @@ def stalled_step_message(learner: dict, config, num_parameters: int) -> str | No
         # by design. Once it has decayed the step is about lr * g / sqrt(g^2 + epsilon) per
         # parameter, which is not orders of magnitude below lr here, so nothing is stalled
         # (issue 17, Pong: A2C's lr 7e-4 and epsilon 1e-5 with a mean loss read 5e-4 x lr at
-        # update 12 and 0.02-0.05 x lr from update 200 on, and its value learned).
-        return None
+        # update 12 and 0.02-0.05 x lr from update 200 on, and its value learned). A warm-up
+        # that lasts thousands of updates is still reported (84 x 84 Pong, 320-row updates:
+        # 3e-3 x lr at update 440, against 0.02-0.1 x lr from the start with 0.0).
+        return rmsprop_warm_up_message(grad_rms, ratio, config)
     fixes = []
     if config.opt_type == "rmsprop":
         fixes.append(
@@ -117,6 +123,27 @@ def stalled_step_message(learner: dict, config, num_parameters: int) -> str | No
         f"The optimizer's updates are {ratio:.2g} x lr in root mean square after "
         f"{STEP_SIZE_CHECK_UPDATES}+ updates (lr={lr:.3g}, opt_type={config.opt_type!r}): the "
         "policy will barely move. " + "; ".join(fixes) + ". See docs/config.md, 'Loss reduction'."
+    )
+
+
+def rmsprop_warm_up_message(grad_rms: float, ratio: float, config) -> str | None:
+    """A warning when RMSProp's mean square needs over RMSPROP_WARM_UP_UPDATES updates to decay
+    from ``rmsprop_initial_scale`` to the gradient's scale (``g^2 + epsilon``, g the gradient's
+    root mean square per parameter); until then every update is a fraction of its steady size."""
+    steady = grad_rms**2 + config.epsilon
+    initial = config.rmsprop_initial_scale
+    if not initial > steady or config.decay == 0:
+        return None
+    updates = math.log(steady / initial) / math.log(config.decay)
+    if updates <= RMSPROP_WARM_UP_UPDATES:
+        return None
+    return (
+        f"RMSProp's mean square starts at rmsprop_initial_scale={initial!r} (TF1's) and the "
+        f"gradient's root mean square per parameter is {grad_rms:.2g}: at decay={config.decay!r} "
+        f"it takes about {updates:,.0f} updates to decay to the gradient's scale, and until then "
+        f"each update is a fraction of its steady size (now {ratio:.2g} x lr). "
+        "training(rmsprop_initial_scale=0.0) starts at the gradient's scale (torch's and optax's "
+        "RMSProp). See docs/config.md, 'Loss reduction'."
     )
 
 

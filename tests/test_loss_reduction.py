@@ -271,8 +271,12 @@ def test_an_encoder_gone_blind_is_warned_about_once(lr, blind):
         assert learner["encoder_dead_unit_fraction"] < 0.5 and messages == []
 
 
-def _stall_check(opt_type, epsilon, grad_norm, ratio=5e-4, num_parameters=1_000_000):
-    config = IMPALAConfig().training(opt_type=opt_type, epsilon=epsilon, grad_clip=None)
+def _stall_check(
+    opt_type, epsilon, grad_norm, ratio=5e-4, num_parameters=1_000_000, initial_scale=1.0
+):
+    config = IMPALAConfig().training(
+        opt_type=opt_type, epsilon=epsilon, grad_clip=None, rmsprop_initial_scale=initial_scale
+    )
     learner = {
         "update_rms_to_lr_ratio": ratio,
         "curr_lr": 7e-4,
@@ -284,8 +288,16 @@ def _stall_check(opt_type, epsilon, grad_norm, ratio=5e-4, num_parameters=1_000_
 def test_rmsprops_warm_up_from_a_mean_square_of_1_is_not_reported_as_a_stall():
     # The gradient's RMS per parameter is 2.2e-3 (global norm 2.2 over 1 M parameters): with
     # epsilon 1e-5 (A2C's) the steady step is about lr * 2.2e-3 / sqrt(4.8e-6 + 1e-5) = 0.57 lr,
-    # so a small step at update 10 is the mean square still decaying from 1, not a stall.
-    assert _stall_check("rmsprop", 1e-5, grad_norm=2.2) is None
+    # so a small step at update 10 is the mean square still decaying from 1, not a stall. It
+    # decays to 1.48e-5 in ln(1.48e-5) / ln(0.99) = 1,106 updates: that long a warm-up is
+    # reported as one, with the fix.
+    message = _stall_check("rmsprop", 1e-5, grad_norm=2.2)
+    assert message and "about 1,106 updates" in message and "epsilon=" not in message, message
+    assert "rmsprop_initial_scale=0.0" in message, message
+    assert _stall_check("rmsprop", 1e-5, grad_norm=2.2, initial_scale=0.0) is None
+    # The paper's summed loss (epsilon 0.01, global norm 100 over 1 M parameters): 0.02 is
+    # reached in 389 updates, no warning.
+    assert _stall_check("rmsprop", 0.01, grad_norm=100.0) is None
     # The paper's epsilon 0.01 under a mean loss: 1e-5 / sqrt(0.01) = 1e-4 x lr for good.
     message = _stall_check("rmsprop", 0.01, grad_norm=0.01)
     assert message and "epsilon=0.01" in message, message
