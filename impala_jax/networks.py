@@ -471,8 +471,11 @@ def _make_base_encoder(name: str, config: Mapping[str, Any]) -> nn.Module:
     return ImpalaCNN(tuple(int(c) for c in config["impala_cnn_channels"]), inits)
 
 
-def _make_preprocess(observation_space: gym.Space) -> Callable[[jax.Array], jax.Array]:
-    """Observation batch [N, *obs_shape] -> float32 encoder input, checking the shape."""
+def _make_preprocess(
+    observation_space: gym.Space, flatten: bool = False
+) -> Callable[[jax.Array], jax.Array]:
+    """Observation batch [N, *obs_shape] -> float32 encoder input, checking the shape; images stay
+    NHWC for the conv encoders unless ``flatten`` (the "mlp" encoder takes [N, features])."""
     if isinstance(observation_space, gym.spaces.Discrete):
         n, start = int(observation_space.n), int(observation_space.start)
 
@@ -499,7 +502,7 @@ def _make_preprocess(observation_space: gym.Space) -> Callable[[jax.Array], jax.
             x = obs.astype(jnp.float32) / 255.0
         else:
             x = obs.astype(jnp.float32)
-        if len(shape) == 3:
+        if len(shape) == 3 and not flatten:
             if transpose:
                 x = jnp.transpose(x, (0, 2, 3, 1))
             return x
@@ -561,7 +564,7 @@ def parts(
         head_inits,
     )
     return NetworkParts(
-        preprocess=_make_preprocess(observation_space),
+        preprocess=_make_preprocess(observation_space, flatten=encoder_name == "mlp"),
         encoder=_make_encoder(encoder_name, config),
         vf_encoder=None if shared else _make_encoder(encoder_name, config),
         pi_head=pi_head,

@@ -60,6 +60,22 @@ def test_atari_shapes(encoder):
     assert params["encoder"]["Conv_0"]["kernel"].shape[2] == 4
 
 
+def test_mlp_encoder_flattens_images():
+    # encoder="mlp" on frames: one row of 4 * 84 * 84 / 255-scaled pixels per observation (it
+    # used to run the dense layers over the last image axis and return [N, 84, 84, 6] logits).
+    nets = make_networks({"encoder": "mlp", "fcnet_hiddens": [8]}, *ATARI)
+    obs = _obs(ATARI[0], 3)
+    params, dist_inputs, _ = _check_outputs(nets, obs, 3, 6)
+    kernel = params["encoder"]["Dense_0"]["kernel"]
+    assert kernel.shape == (4 * 84 * 84, 8)
+    x = np.asarray(obs, np.float32).reshape(3, -1) / 255.0
+    features = np.tanh(x @ np.asarray(kernel) + np.asarray(params["encoder"]["Dense_0"]["bias"]))
+    pi = params["pi"]
+    pi_layer = pi[sorted(pi)[-1]]
+    want = features @ np.asarray(pi_layer["kernel"]) + np.asarray(pi_layer["bias"])
+    np.testing.assert_allclose(np.asarray(dist_inputs), want, rtol=2e-4, atol=1e-5)
+
+
 def test_auto_encoder_picks_nature_cnn_for_images():
     nets = make_networks({}, *ATARI)
     params = jax.eval_shape(nets.init, jax.random.key(0))
