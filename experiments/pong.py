@@ -49,8 +49,8 @@ frames and network (benchmarks/pong_ppo_reference.py) does no better in 1 M env 
 The Nature CNN is the likely culprit (benchmarks/encoder_probe.py): trained supervised to say
 whether the ball is left of, under or right of the paddle, it stays at chance for 600-1,000
 steps at 42 x 42 and 84 x 84, where this file's IMPALA ResNet is right 95 % of the time by step
-250, even with channels [8, 16, 16]. That small ResNet at 42 x 42 costs about 4 times the
-Nature CNN at 42 x 42 and still runs 1 M env steps in 44 minutes here; it is the best CPU run so
+250, even with channels [8, 16, 16]. That small ResNet at 42 x 42 costs about 8 times the
+Nature CNN at 42 x 42 per trained row and still runs 1 M env steps in 44 minutes here (2 epochs); it is the best CPU run so
 far (2026-12-03, run i42: return -20.3 -> -19.8 over the last 400 K env steps, entropy 1.76,
 issue 17's bar not met yet; benchmarks/README.md, "fifth look"). Swap the Nature CNN lines of
 the command above for ``rl_module.model_config.encoder=impala_cnn
