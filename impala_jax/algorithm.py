@@ -137,8 +137,9 @@ def rmsprop_warm_up_message(grad_rms: float, ratio: float, config) -> str | None
     updates = math.log(steady / initial) / math.log(config.decay)
     if updates <= RMSPROP_WARM_UP_UPDATES:
         return None
+    whose = " (TF1's)" if initial == 1.0 else ""
     return (
-        f"RMSProp's mean square starts at rmsprop_initial_scale={initial!r} (TF1's) and the "
+        f"RMSProp's mean square starts at rmsprop_initial_scale={initial!r}{whose} and the "
         f"gradient's root mean square per parameter is {grad_rms:.2g}: at decay={config.decay!r} "
         f"it takes about {updates:,.0f} updates to decay to the gradient's scale, and until then "
         f"each update is a fraction of its steady size (now {ratio:.2g} x lr). "

@@ -294,7 +294,11 @@ def test_rmsprops_warm_up_from_a_mean_square_of_1_is_not_reported_as_a_stall():
     message = _stall_check("rmsprop", 1e-5, grad_norm=2.2)
     assert message and "about 1,106 updates" in message and "epsilon=" not in message, message
     assert "rmsprop_initial_scale=0.0" in message, message
+    assert "rmsprop_initial_scale=1.0 (TF1's)" in message, message
     assert _stall_check("rmsprop", 1e-5, grad_norm=2.2, initial_scale=0.0) is None
+    # Another start is named as the user's own, not TF1's: ln(1.48e-5 / 0.5) / ln(0.99) = 1,037.
+    message = _stall_check("rmsprop", 1e-5, grad_norm=2.2, initial_scale=0.5)
+    assert message and "about 1,037 updates" in message and "TF1" not in message, message
     # The paper's summed loss (epsilon 0.01, global norm 100 over 1 M parameters): 0.02 is
     # reached in 389 updates, no warning.
     assert _stall_check("rmsprop", 0.01, grad_norm=100.0) is None
