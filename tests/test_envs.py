@@ -444,25 +444,37 @@ def test_is_atari_is_detected_from_the_id_and_clips_rewards(env, atari):
 
 
 @pytest.mark.timeout(150)
-def test_envpool_imports_without_the_jumanji_renderer_and_still_makes_jumanji_envs():
-    # import_envpool skips envpool.jumanji's __init__ (its renderer imports matplotlib.pyplot,
-    # 0.5-1 s of start-up); every family stays registered and a jumanji env still builds.
+def test_envpool_imports_without_its_families_inits_and_still_makes_every_family():
+    # import_envpool skips every family's package __init__ (C++ extensions, 152 py_env classes,
+    # jumanji's renderer with matplotlib.pyplot: 0.3-1.0 s of start-up); every family stays
+    # registered, and making an env imports its real family package.
     code = """
 import sys
 from impala_jax.envs import EnvpoolVecEnv, choose_env, import_envpool
 envpool = import_envpool()
 assert "matplotlib" not in sys.modules
-assert "envpool.jumanji" not in sys.modules and not hasattr(envpool, "jumanji")
+families = ("envpool.atari", "envpool.classic_control", "envpool.jumanji", "envpool.mujoco.gym")
+for family in families:
+    assert family not in sys.modules, family
+    assert family + ".registration" in sys.modules, family
+assert not hasattr(envpool, "jumanji") and not hasattr(envpool, "mujoco")
 assert choose_env("CartPole-v1").backend == "envpool"
 env = EnvpoolVecEnv("CartPole-v1", 2, 0, {})
 env.async_reset(); env.recv(); env.close()
-assert "matplotlib" not in sys.modules
+assert sys.modules["envpool.classic_control"].__file__.endswith("__init__.py")
+assert "envpool.atari" not in sys.modules and "matplotlib" not in sys.modules
 from envpool.registration import registry
-families = {spec[0] for spec in registry.specs.values()}
-assert {"envpool.atari", "envpool.classic_control", "envpool.jumanji"} <= families, families
+registered = {spec[0] for spec in registry.specs.values()}
+assert set(families) <= registered, registered
+assert len(envpool.list_all_envs()) > 1000
+for env_id, shape in (("Pong-v5", (4, 84, 84)), ("HalfCheetah-v5", (17,))):
+    env = EnvpoolVecEnv(env_id, 1, 0, {})
+    assert env.observation_space.shape == shape, (env_id, env.observation_space)
+    env.close()
 jumanji_id = next(i for i, spec in registry.specs.items() if spec[0] == "envpool.jumanji")
 env = envpool.make(jumanji_id, env_type="gymnasium", num_envs=1)
 env.reset()
+env.close()
 assert sys.modules["envpool.jumanji"].__file__.endswith("__init__.py")
 assert import_envpool() is envpool
 """
