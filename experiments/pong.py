@@ -53,10 +53,9 @@ steps at 42 x 42 and 84 x 84, where this file's IMPALA ResNet is right 95 % of t
 Nature CNN at 42 x 42 per trained row and still runs 1 M env steps in 43 minutes here (2
 epochs). It learns Pong on this CPU (2026-12-03, run j42, benchmarks/README.md, "sixth look"):
 the return passed -18 at 754 K env steps and was -17.4 at 1 M; the entropy fell from ln 6 =
-1.79 to 1.61 (single iterations 1.37-1.48). Swap the Nature CNN lines of the command above for
-``rl_module.model_config.encoder=impala_cnn "rl_module.model_config.impala_cnn_channels=[8,16,16]"
-training.opt_type=adam training.lr=4e-4``, and use 32 envs, a 640-row batch, 160-row minibatches
-and 2 epochs.
+1.79 to 1.61 (single iterations 1.37-1.48). Those settings are experiments/pong_cpu.py::
+
+    python -m impala_jax.run experiments/pong_cpu.py
 """
 
 from impala_jax import IMPALAConfig

@@ -239,3 +239,41 @@ def test_rllib_example_script_argument_errors(capsys):
     with pytest.raises(RunError, match="exited with status 2.*after `--`"):
         experiment.load_experiment(EXAMPLE, ["--no-such-arg"])
     assert "unrecognized arguments: --no-such-arg" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("*.py")), ids=lambda p: p.name)
+def test_every_experiment_file_loads_and_validates(path):
+    c, stop = experiment.load_experiment(path)
+    c.validate()
+    assert stop, f"{path.name} has no stop criteria"
+
+
+# The command of benchmarks/README.md's Pong run j42 (pong.py with these overrides):
+# experiments/pong_cpu.py must be that run's settings, not an approximation of them.
+PONG_CPU_OVERRIDES = [
+    "environment.env_config.img_height=42",
+    "environment.env_config.img_width=42",
+    "env_runners.num_env_runners=1",
+    "env_runners.num_envs_per_env_runner=32",
+    "env_runners.rollout_fragment_length=20",
+    "env_runners.num_cpus_per_env_runner=1",
+    "training.train_batch_size_per_learner=640",
+    "training.minibatch_size=160",
+    "training.num_epochs=2",
+    "learners.num_learners=0",
+    "rl_module.model_config.encoder=impala_cnn",
+    "rl_module.model_config.impala_cnn_channels=[8,16,16]",
+    "training.opt_type=adam",
+    "training.lr=4e-4",
+    "training.grad_clip=0.5",
+    "training.loss_reduction=mean",
+    "training.entropy_coeff=0.01",
+]
+
+
+def test_pong_cpu_is_the_measured_command():
+    measured, _ = experiment.load_experiment(ROOT / "experiments" / "pong.py")
+    experiment.apply_overrides(measured, PONG_CPU_OVERRIDES)
+    pong_cpu, stop = experiment.load_experiment(ROOT / "experiments" / "pong_cpu.py")
+    assert pong_cpu.to_dict() == measured.to_dict()
+    assert stop["num_env_steps_sampled_lifetime"] == 2_000_000
