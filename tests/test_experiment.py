@@ -248,7 +248,7 @@ def test_every_experiment_file_loads_and_validates(path):
     assert stop, f"{path.name} has no stop criteria"
 
 
-# The command of benchmarks/README.md's Pong run j42 (pong.py with these overrides):
+# The command of benchmarks/README.md's Pong run k42 (pong.py with these overrides):
 # experiments/pong_cpu.py must be that run's settings, not an approximation of them.
 PONG_CPU_OVERRIDES = [
     "environment.env_config.img_height=42",
@@ -267,7 +267,7 @@ PONG_CPU_OVERRIDES = [
     "training.lr=4e-4",
     "training.grad_clip=0.5",
     "training.loss_reduction=mean",
-    "training.entropy_coeff=0.01",
+    "training.entropy_coeff=0.005",
 ]
 
 
