@@ -23,7 +23,8 @@ samples/s. What this file changes, each measured (benchmarks/README.md, "Atari l
 Measured (2026-12-03, run k42, 2 cores, idle but for a few minutes of tests;
 benchmarks/README.md, "Atari learning", seventh look): 1 M env steps in 42 minutes (395 env
 steps/s); the 100-episode return passed -18 at 829 K env steps and was -9.4 at 1 M; the
-entropy's mean over the last 20 iterations was 1.40 (ln 6 = 1.79 is uniform). The stop
+entropy's mean over the last 20 iterations was 1.40 (ln 6 = 1.79 is uniform). Seed 1 (run
+k42s1, 44 minutes): return -18 passed at 902 K, -17.6 at 1 M; entropy mean 1.44. The stop
 below is 2 M env steps.
 """
 

@@ -277,3 +277,15 @@ def test_pong_cpu_is_the_measured_command():
     pong_cpu, stop = experiment.load_experiment(ROOT / "experiments" / "pong_cpu.py")
     assert pong_cpu.to_dict() == measured.to_dict()
     assert stop["num_env_steps_sampled_lifetime"] == 2_000_000
+
+
+def test_breakout_cpu_is_pong_cpu_with_only_the_game_changed():
+    pong_cpu, _ = experiment.load_experiment(ROOT / "experiments" / "pong_cpu.py")
+    breakout_cpu, stop = experiment.load_experiment(ROOT / "experiments" / "breakout_cpu.py")
+    a, b = pong_cpu.to_dict(), breakout_cpu.to_dict()
+    assert b["env"] == "Breakout-v5"
+    assert {k for k in a if a[k] != b[k]} == {"env"}
+    assert stop == {
+        "env_runners/episode_return_mean": 400,
+        "num_env_steps_sampled_lifetime": 2_000_000,
+    }

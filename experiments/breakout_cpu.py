@@ -1,0 +1,18 @@
+"""Atari Breakout (envpool "Breakout-v5") sized for a 2-core CPU: pong_cpu.py's settings (42 x 42
+frames, the IMPALA ResNet [8, 16, 16], Adam 4e-4 on the mean loss, 32 envs, 640-row batches
+in 160-row minibatches, 2 epochs, entropy 0.005; see its docstring for why each) with only the
+game changed, as breakout.py takes pong.py's. Rewards are clipped to [-1, 1] for training
+(`clip_rewards=True`, from pong.py); the reported returns are the game's score.
+
+No tuned CPU figure to hold it to; a random policy scores about 1.5. The run stops at 2 M env
+steps (8 M frames) or at a return of 400.
+"""
+
+import runpy
+from pathlib import Path
+
+pong_cpu = runpy.run_path(str(Path(__file__).with_name("pong_cpu.py")))
+
+config = pong_cpu["config"].copy(copy_frozen=False).environment("Breakout-v5")
+
+stop = {"env_runners/episode_return_mean": 400, "num_env_steps_sampled_lifetime": 2_000_000}
