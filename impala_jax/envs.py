@@ -66,12 +66,7 @@ def import_envpool():
             name = ".".join(("envpool", *parts[:depth]))
             if name in stand_ins or name in sys.modules:
                 continue
-            path = str(root.joinpath(*parts[:depth]))
-            package = types.ModuleType(name)
-            package.__path__ = [path]
-            package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-            package.__spec__.submodule_search_locations = [path]
-            stand_ins[name] = package
+            stand_ins[name] = bare_package(name, root.joinpath(*parts[:depth]))
     sys.modules.update(stand_ins)
     try:
         import envpool
@@ -83,6 +78,16 @@ def import_envpool():
     finally:
         _take_out(stand_ins)
     return envpool
+
+
+def bare_package(name: str, path: Path) -> types.ModuleType:
+    """An empty package ``name`` whose submodules are found in ``path``: it stands in for a
+    package while some of its submodules import, without running its ``__init__``."""
+    package = types.ModuleType(name)
+    package.__path__ = [str(path)]
+    package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    package.__spec__.submodule_search_locations = [str(path)]
+    return package
 
 
 def _take_out(stand_ins: dict) -> None:

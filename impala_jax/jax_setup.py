@@ -61,18 +61,17 @@ def initialize_lapack() -> None:
     ``scipy.linalg.cython_blas`` and ``scipy.linalg.cython_lapack``. Importing those runs
     ``scipy/__init__`` and ``scipy/linalg/__init__`` first (scipy.linalg's Python API, its
     array-API layer, numpy.f2py: about 150 modules) for two extension modules that need none
-    of it: 0.18-0.26 s of a warm CartPole start on 2 cores. Bare packages stand in for
-    ``scipy`` and ``scipy.linalg`` while the two load, as ``envs.import_envpool`` does for
-    envpool's families; afterwards the stand-ins and the modules loaded under them leave
-    sys.modules, so a later ``import scipy.linalg`` is the real package (a Cython extension
-    imported again returns its one module object). Measured with JAX imported: 0.19-0.26 s ->
-    0.02-0.03 s. Where scipy is already imported, or anything is unexpected, jaxlib's own
-    initialisation runs.
+    of it. Bare packages stand in for ``scipy`` and ``scipy.linalg`` while the two load, as
+    ``envs.import_envpool`` does for envpool's families; afterwards the stand-ins and the
+    modules loaded under them leave sys.modules, so a later ``import scipy.linalg`` is the real
+    package (a Cython extension imported again returns its one module object). Measured with
+    JAX imported, on 2 cores: 0.19-0.26 s (loaded) or 0.10 s (idle) -> 0.02-0.03 s. Where scipy
+    is already imported, or anything is unexpected, jaxlib's own initialisation runs.
     """
-    import importlib.machinery
     import importlib.util
-    import types
     from pathlib import Path
+
+    from impala_jax.envs import bare_package
 
     try:
         from jaxlib.cpu import _lapack
@@ -83,12 +82,10 @@ def initialize_lapack() -> None:
         spec = importlib.util.find_spec("scipy")
         if spec is not None and spec.origin is not None:
             root = Path(spec.origin).parent
-            for name, path in (("scipy", root), ("scipy.linalg", root / "linalg")):
-                package = types.ModuleType(name)
-                package.__path__ = [str(path)]
-                package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-                package.__spec__.submodule_search_locations = [str(path)]
-                stand_ins[name] = package
+            stand_ins = {
+                "scipy": bare_package("scipy", root),
+                "scipy.linalg": bare_package("scipy.linalg", root / "linalg"),
+            }
     before = set(sys.modules)
     sys.modules.update(stand_ins)
     try:

@@ -448,7 +448,7 @@ _TEARDOWN_NEEDED = True
 
 def _train(args, config, stop, run_dir, name, record, resume_from, display, interrupt) -> int:
     global _TEARDOWN_NEEDED
-    initialize_lapack()  # 0.2 s less start-up: the learner's orthogonal init lowers a QR
+    initialize_lapack()  # 0.1-0.2 s less start-up: the learner's orthogonal init lowers a QR
     try:
         algo = config.build()
     except ValueError as err:  # e.g. an env id that neither envpool nor gymnasium has
