@@ -5,7 +5,7 @@ are Ray Tune's, so tools that read Tune's trial directories read these too: ``re
 holds one JSON object per line, ``progress.csv`` the flattened slash keys, the TensorBoard
 scalars one tag per numeric flattened key (step: ``num_env_steps_sampled_lifetime``).
 
-Nothing here imports JAX; matplotlib, tensorboardX and wandb are imported by their writers only.
+Nothing here imports JAX; matplotlib and wandb are imported by their writers only.
 """
 
 from __future__ import annotations
@@ -198,24 +198,23 @@ def _float(text: Any) -> float:
 
 
 class TensorBoardLogger:
-    """TensorBoard event files in the run directory (tensorboardX; no TensorFlow needed).
+    """TensorBoard event files in the run directory (impala_jax.tfevents; no TensorFlow needed).
 
     One scalar per numeric flattened key, at step ``num_env_steps_sampled_lifetime``, so curves
-    of runs with different iteration lengths line up. On resume, ``purge_step`` tells
-    TensorBoard to drop what an earlier life logged past the checkpoint.
+    of runs with different iteration lengths line up; one event per iteration holds them all.
+    On resume, ``purge_step`` tells TensorBoard to drop what an earlier life logged past the
+    checkpoint.
     """
 
     def __init__(self, run_dir: Path, purge_step: int | None = None):
-        from tensorboardX import SummaryWriter
+        from impala_jax.tfevents import EventFileWriter
 
-        self._writer = SummaryWriter(logdir=str(run_dir), purge_step=purge_step, flush_secs=10)
+        self._writer = EventFileWriter(run_dir, purge_step)
 
     def write(self, result: Mapping) -> None:
         step = int(result.get(STEPS_KEY, result.get("training_iteration", 0)))
-        for key, value in scalars(result).items():
-            if math.isfinite(value):
-                self._writer.add_scalar(key, value, global_step=step)
-        self._writer.flush()
+        values = {k: v for k, v in scalars(result).items() if math.isfinite(v)}
+        self._writer.add_scalars(values, step)
 
     def close(self) -> None:
         self._writer.close()
