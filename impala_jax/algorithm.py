@@ -20,7 +20,7 @@ import gymnasium as gym
 import jax
 import numpy as np
 
-from impala_jax import checkpoint, distributed, parallel, specs
+from impala_jax import checkpoint, distributed, parallel, program_cache, specs
 from impala_jax.buffers import MinibatchBuffer
 from impala_jax.callbacks import Callbacks, UserCodeError
 from impala_jax.checkpointable import Checkpointable
@@ -242,6 +242,12 @@ class IMPALA(Checkpointable):
             self.step_spec,
             devices,
             learner_key,
+            # Single-process runs keep the step's traced program on disk (program_cache).
+            program_key=(
+                program_cache.model_description(config.model_config, obs_space, act_space)
+                if self._processes == 1
+                else None
+            ),
         )
         columns = self.step_spec.columns * len(local)
         self.action_dtype = self._policy_action_dtype(obs_space)

@@ -38,16 +38,17 @@ def make_mesh(devices: Sequence) -> Mesh:
     return Mesh(np.asarray(devices), (LEARNER_AXIS,))
 
 
-def put(tree, mesh: Mesh, spec: P):
+def put(tree, mesh: Mesh, spec: P, may_alias: bool | None = None):
     """Host or device arrays -> arrays laid out on the mesh with one spec for every leaf.
 
     On a mesh over several processes (impala_jax.distributed) each process passes its own
     part: for a split spec, its slice of the split axis (its batch columns); for REPLICATED,
-    the whole value, the same on every process (the learner state).
+    the whole value, the same on every process (the learner state). ``may_alias=False``:
+    copies, never views of host memory (for arrays a program will donate).
     """
     sharding = NamedSharding(mesh, spec)
     if sharding.is_fully_addressable:
-        return jax.device_put(tree, sharding)
+        return jax.device_put(tree, sharding, may_alias=may_alias)
     return jax.tree.map(lambda x: _put_global(x, sharding, spec), tree)
 
 

@@ -1,0 +1,253 @@
+"""Traced programs kept on disk across processes, beside the persistent compilation cache.
+
+JAX's compilation cache skips XLA's compilation, but every new process still traces the
+learner step in Python and lowers it to StableHLO before it can look the program up: 0.6 s of
+the step's 0.75 s warm start on 2 cores (trace 0.37 s, lowering 0.22 s, the cache hit 0.15 s),
+all of it holding the GIL that the runner and the main thread need at the same time
+(benchmarks/README.md, "Start-up and exit"). Here the traced program is exported once
+(``jax.export``: StableHLO with its shapes and shardings) and a later process deserializes it
+and compiles it (a compilation-cache hit) without tracing.
+
+A stored program must never stand in for a different one, so its file name is a digest of
+everything the trace depends on: the caller's description (the config, the learner's specs),
+the shapes, dtypes, shardings and tree structures of the arguments, impala_jax's own source
+files, the versions of JAX, jaxlib, Flax, optax, chex, NumPy and ml_dtypes, JAX's settings,
+``XLA_FLAGS`` and the devices. The cache is on only where the persistent compilation cache is
+(the command line, Ray Tune trials; ``--compile-cache none`` turns both off), in one process
+(several processes keep the step compiled ahead of time as before), and for configs without
+callables in their model config (user code the digest cannot see). A file that fails to load
+is traced and written again; a program that cannot be exported runs as a plain ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+logger = logging.getLogger(__name__)
+
+SUBDIRECTORY = "impala_jax_programs"
+SUFFIX = ".jaxexport"
+_PACKAGE = Path(__file__).resolve().parent
+_source_digest: str | None = None
+_lock = threading.Lock()
+
+
+def directory() -> Path | None:
+    """Where programs are kept: a folder inside JAX's persistent compilation cache, None when
+    that cache is off (then nothing is stored)."""
+    cache = jax.config.values.get("jax_compilation_cache_dir")
+    if not cache:
+        return None
+    return Path(cache) / SUBDIRECTORY
+
+
+def source_digest(package: Path = _PACKAGE) -> str:
+    """A digest of every Python file of the package (the code a trace runs)."""
+    global _source_digest
+    if package == _PACKAGE and _source_digest is not None:
+        return _source_digest
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    if package == _PACKAGE:
+        _source_digest = digest.hexdigest()
+    return digest.hexdigest()
+
+
+def environment() -> list:
+    """What the trace depends on besides the caller's description and the arguments."""
+    import chex
+    import flax
+    import jaxlib
+    import ml_dtypes
+    import numpy as np
+    import optax
+
+    versions = [m.__version__ for m in (jax, jaxlib, flax, optax, chex, np, ml_dtypes)]
+    devices = [(d.platform, d.device_kind, d.id, d.process_index) for d in jax.devices()]
+    settings = sorted((k, repr(v)) for k, v in jax.config.values.items())
+    return [versions, devices, settings, os.environ.get("XLA_FLAGS", ""), source_digest()]
+
+
+def _describe(arg) -> list:
+    leaves, treedef = jax.tree.flatten(arg)
+    return [
+        str(treedef),
+        [(x.shape, str(x.dtype), str(getattr(x, "sharding", None)), _weak(x)) for x in leaves],
+    ]
+
+
+def _weak(x) -> bool:
+    return bool(getattr(getattr(x, "aval", None), "weak_type", False))
+
+
+class CachedProgram:
+    """``fn`` (a jitted function) behind a stored export: on the first call the program for the
+    arguments' shapes is loaded from disk, or traced, exported and stored; every call then runs
+    ``jax.jit(exported.call)`` on the flattened arguments.
+
+    ``outputs_like``: for each output (``fn`` returns a tuple), the index of the argument whose
+    tree structure it has, or None for an output whose structure the export keeps itself
+    (nested dicts, lists and tuples of arrays). ``description``: plain data that, with the
+    arguments and the environment, decides the trace.
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        name: str,
+        description: Any,
+        outputs_like: Sequence[int | None],
+        donate_argnums: tuple[int, ...] = (),
+        folder: Path | None = None,
+    ):
+        self._fn = fn
+        self.name = name
+        self._description = description
+        self._outputs_like = tuple(outputs_like)
+        self._donate = donate_argnums
+        self._folder = folder
+        self._call: Callable | None = None
+        self._treedefs: list = []
+        self.source: str | None = None  # "loaded", "exported" or "jit" once resolved
+
+    def __call__(self, *args):
+        if self._call is None:
+            with _lock:
+                if self._call is None:
+                    self._resolve(args)
+        if self.source == "jit":
+            return self._call(*args)
+        flat = [jax.tree.leaves(a) for a in args]
+        out = self._call(*flat)
+        return tuple(
+            jax.tree.unflatten(self._treedefs[i], o) if i is not None else o
+            for i, o in zip(self._outputs_like, out, strict=True)
+        )
+
+    def _cache_size(self) -> int:
+        """Shapes compiled so far (jax.jit's count): tests check that nothing retraces."""
+        return self._call._cache_size() if self._call is not None else 0
+
+    def path_for(self, args) -> Path | None:
+        folder = self._folder or directory()
+        if folder is None:
+            return None
+        key = repr([self.name, self._description, [_describe(a) for a in args], environment()])
+        return folder / f"{self.name}-{hashlib.sha256(key.encode()).hexdigest()[:40]}{SUFFIX}"
+
+    def _resolve(self, args) -> None:
+        from jax import export
+
+        self._treedefs = [jax.tree.structure(a) for a in args]
+        path = self.path_for(args)
+        exported = None
+        if path is not None and path.exists():
+            try:
+                exported = export.deserialize(bytearray(path.read_bytes()))
+                self.source = "loaded"
+            except Exception as err:  # a damaged or foreign file: traced and written again
+                logger.info("program cache: %s could not be loaded (%s); tracing it", path, err)
+        if exported is None:
+            try:
+                exported = self._export(args)
+            except Exception as err:  # a primitive or output export cannot carry
+                logger.info("program cache: %s runs as plain jit (%s)", self.name, err)
+                self._call, self.source = self._fn, "jit"
+                return
+            self.source = "exported"
+            if path is not None:
+                _write_atomic(path, exported.serialize())
+        # Outputs fed back as arguments keep the arguments' shardings, spelled the same way:
+        # the export's own spelling (replicated for P('learner') on one device) is the same
+        # layout but another jit cache key, and would compile the step a second time.
+        out_shardings = tuple(
+            [x.sharding for x in jax.tree.leaves(args[i])] if i is not None else None
+            for i in self._outputs_like
+        )
+        self._call = jax.jit(
+            exported.call, donate_argnums=self._donate, out_shardings=out_shardings
+        )
+
+    def _export(self, args):
+        from jax import export
+
+        treedefs, fn, outputs_like = self._treedefs, self._fn, self._outputs_like
+
+        def flat_fn(*flat):
+            out = fn(*(jax.tree.unflatten(t, f) for t, f in zip(treedefs, flat, strict=True)))
+            return tuple(
+                jax.tree.leaves(o) if i is not None else o
+                for i, o in zip(outputs_like, out, strict=True)
+            )
+
+        flat = [[_abstract(x) for x in jax.tree.leaves(a)] for a in args]
+        exported = export.export(jax.jit(flat_fn))(*flat)
+        exported.serialize()  # fails here, not at the next start, if an output cannot be stored
+        return exported
+
+
+def _abstract(x) -> jax.ShapeDtypeStruct:
+    # An uncommitted array (jnp.zeros(...) on the default device) goes wherever the program
+    # runs, as under jax.jit; only committed ones pin the export's input sharding.
+    sharding = x.sharding if getattr(x, "committed", True) else None
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=_weak(x))
+
+
+def model_description(model_config, observation_space, action_space) -> list | None:
+    """The part of a config that decides the networks and the action distribution, as plain
+    data; None when ``model_config`` holds a callable (user code the digest cannot see)."""
+
+    def plain(value):
+        if callable(value):
+            raise TypeError
+        if isinstance(value, dict):
+            return sorted((str(k), plain(v)) for k, v in value.items())
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return repr(value)
+
+    try:
+        model = plain(dict(model_config))
+    except TypeError:
+        return None
+    return [model, _space(observation_space), _space(action_space)]
+
+
+def _space(space) -> list:
+    """A gymnasium space as plain data, array bounds included (a repr abbreviates them)."""
+    import numpy as np
+
+    out = [type(space).__name__, repr(space)]
+    for name in ("low", "high", "nvec", "n", "start"):
+        value = getattr(space, name, None)
+        if value is not None:
+            array = np.asarray(value)
+            out.append(
+                (name, str(array.dtype), array.shape, hashlib.sha256(array.tobytes()).hexdigest())
+            )
+    inner = getattr(space, "spaces", None)
+    if isinstance(inner, dict):
+        out.append([(k, _space(v)) for k, v in inner.items()])
+    elif isinstance(inner, list | tuple):
+        out.append([_space(v) for v in inner])
+    return out
+
+
+def _write_atomic(path: Path, data: bytes | bytearray) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(bytes(data))
+        os.replace(tmp, path)
+    except OSError as err:  # a read-only or full cache: the next start traces again
+        logger.info("program cache: %s not written (%s)", path, err)
