@@ -96,9 +96,12 @@ class CachedProgram:
     ``jax.jit(exported.call)`` on the flattened arguments.
 
     ``outputs_like``: for each output (``fn`` returns a tuple), the index of the argument whose
-    tree structure it has, or None for an output whose structure the export keeps itself
-    (nested dicts, lists and tuples of arrays). ``description``: plain data that, with the
-    arguments and the environment, decides the trace.
+    tree structure it has, a tree structure (``jax.tree.structure``) given by the caller, or
+    None for an output whose structure the export keeps itself (nested dicts, lists and tuples
+    of arrays). ``description``: plain data that, with the arguments and the environment,
+    decides the trace. ``out_shardings``: as jax.jit's, one entry per output (by default the
+    argument's shardings for an output like an argument). ``compiler_options``: XLA options
+    of the one compilation (then every call must have the first call's shapes).
     """
 
     def __init__(
@@ -106,9 +109,11 @@ class CachedProgram:
         fn: Callable,
         name: str,
         description: Any,
-        outputs_like: Sequence[int | None],
+        outputs_like: Sequence[Any],
         donate_argnums: tuple[int, ...] = (),
         folder: Path | None = None,
+        out_shardings: tuple | None = None,
+        compiler_options: dict | None = None,
     ):
         self._fn = fn
         self.name = name
@@ -116,8 +121,10 @@ class CachedProgram:
         self._outputs_like = tuple(outputs_like)
         self._donate = donate_argnums
         self._folder = folder
+        self._out_shardings = out_shardings
+        self._compiler_options = compiler_options
         self._call: Callable | None = None
-        self._treedefs: list = []
+        self._out_treedefs: list = []  # per output: a structure, or None (kept by the export)
         self.source: str | None = None  # "loaded", "exported" or "jit" once resolved
 
     def __call__(self, *args):
@@ -127,11 +134,10 @@ class CachedProgram:
                     self._resolve(args)
         if self.source == "jit":
             return self._call(*args)
-        flat = [jax.tree.leaves(a) for a in args]
-        out = self._call(*flat)
+        out = self._call(*(jax.tree.leaves(a) for a in args))
         return tuple(
-            jax.tree.unflatten(self._treedefs[i], o) if i is not None else o
-            for i, o in zip(self._outputs_like, out, strict=True)
+            jax.tree.unflatten(t, o) if t is not None else o
+            for t, o in zip(self._out_treedefs, out, strict=True)
         )
 
     def _cache_size(self) -> int:
@@ -148,7 +154,10 @@ class CachedProgram:
     def _resolve(self, args) -> None:
         from jax import export
 
-        self._treedefs = [jax.tree.structure(a) for a in args]
+        in_treedefs = [jax.tree.structure(a) for a in args]
+        self._out_treedefs = [
+            in_treedefs[like] if isinstance(like, int) else like for like in self._outputs_like
+        ]
         path = self.path_for(args)
         exported = None
         if path is not None and path.exists():
@@ -159,35 +168,40 @@ class CachedProgram:
                 logger.info("program cache: %s could not be loaded (%s); tracing it", path, err)
         if exported is None:
             try:
-                exported = self._export(args)
+                exported = self._export(args, in_treedefs)
             except Exception as err:  # a primitive or output export cannot carry
                 logger.info("program cache: %s runs as plain jit (%s)", self.name, err)
                 self._call, self.source = self._fn, "jit"
+                if self._compiler_options is not None:
+                    self._call = self._fn.lower(*args).compile(self._compiler_options)
                 return
             self.source = "exported"
             if path is not None:
                 _write_atomic(path, exported.serialize())
-        # Outputs fed back as arguments keep the arguments' shardings, spelled the same way:
-        # the export's own spelling (replicated for P('learner') on one device) is the same
-        # layout but another jit cache key, and would compile the step a second time.
-        out_shardings = tuple(
-            [x.sharding for x in jax.tree.leaves(args[i])] if i is not None else None
-            for i in self._outputs_like
-        )
-        self._call = jax.jit(
-            exported.call, donate_argnums=self._donate, out_shardings=out_shardings
-        )
+        out_shardings = self._out_shardings
+        if out_shardings is None:
+            # Outputs fed back as arguments keep the arguments' shardings, spelled the same
+            # way: the export's own spelling (replicated for P('learner') on one device) is the
+            # same layout but another jit cache key, and would compile the step a second time.
+            out_shardings = tuple(
+                [x.sharding for x in jax.tree.leaves(args[like])] if isinstance(like, int) else None
+                for like in self._outputs_like
+            )
+        call = jax.jit(exported.call, donate_argnums=self._donate, out_shardings=out_shardings)
+        if self._compiler_options is not None:
+            flat = [jax.tree.leaves(a) for a in args]
+            call = call.lower(*flat).compile(self._compiler_options)
+        self._call = call
 
-    def _export(self, args):
+    def _export(self, args, in_treedefs):
         from jax import export
 
-        treedefs, fn, outputs_like = self._treedefs, self._fn, self._outputs_like
+        fn, kept = self._fn, [t is None for t in self._out_treedefs]
 
         def flat_fn(*flat):
-            out = fn(*(jax.tree.unflatten(t, f) for t, f in zip(treedefs, flat, strict=True)))
+            out = fn(*(jax.tree.unflatten(t, f) for t, f in zip(in_treedefs, flat, strict=True)))
             return tuple(
-                jax.tree.leaves(o) if i is not None else o
-                for i, o in zip(outputs_like, out, strict=True)
+                o if keep else jax.tree.leaves(o) for keep, o in zip(kept, out, strict=True)
             )
 
         flat = [[_abstract(x) for x in jax.tree.leaves(a)] for a in args]

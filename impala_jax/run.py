@@ -196,8 +196,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--compile-cache",
         metavar="DIR",
         default=DEFAULT_COMPILE_CACHE,
-        help="JAX's persistent compilation cache: a rerun of the same experiment skips "
-        "compiling (default ~/.cache/impala_jax/xla; 'none' turns it off)",
+        help="JAX's persistent compilation cache, with the learner step's traced program in "
+        "DIR/impala_jax_programs: a rerun of the same experiment skips compiling and tracing "
+        "(default ~/.cache/impala_jax/xla; 'none' turns both off)",
     )
     parser.add_argument(
         "--wandb", action="store_true", help="also log to Weights & Biases (needs wandb)"

@@ -71,6 +71,7 @@ def test_stored_program_gives_the_plain_jits_updates_bit_for_bit(programs, num_d
     exported = train(first)
     assert first._step.source == "exported"
     (path,) = programs.glob("learner_step-*.jaxexport")
+    assert len(list(programs.glob("learner_init-*.jaxexport"))) == 1  # the initial state's
     jax.clear_caches()  # nothing traced in this process is reused below
     second = make_learner(num_devices, replay=replay)
     loaded = train(second)
