@@ -242,12 +242,8 @@ class IMPALA(Checkpointable):
             self.step_spec,
             devices,
             learner_key,
-            # Single-process runs keep the step's traced program on disk (program_cache).
-            program_key=(
-                program_cache.model_description(config.model_config, obs_space, act_space)
-                if self._processes == 1
-                else None
-            ),
+            # The learner's traced programs kept on disk where it can (program_cache).
+            program_key=program_cache.model_description(config.model_config, obs_space, act_space),
         )
         columns = self.step_spec.columns * len(local)
         self.action_dtype = self._policy_action_dtype(obs_space)

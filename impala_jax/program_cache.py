@@ -93,7 +93,7 @@ def _weak(x) -> bool:
 class CachedProgram:
     """``fn`` (a jitted function) behind a stored export: on the first call the program for the
     arguments' shapes is loaded from disk, or traced, exported and stored; every call then runs
-    ``jax.jit(exported.call)`` on the flattened arguments.
+    one jit around ``exported.call`` (which takes the arguments' leaves).
 
     ``outputs_like``: for each output (``fn`` returns a tuple), the index of the argument whose
     tree structure it has, a tree structure (``jax.tree.structure``) given by the caller, or
@@ -124,7 +124,6 @@ class CachedProgram:
         self._out_shardings = out_shardings
         self._compiler_options = compiler_options
         self._call: Callable | None = None
-        self._out_treedefs: list = []  # per output: a structure, or None (kept by the export)
         self.source: str | None = None  # "loaded", "exported" or "jit" once resolved
 
     def __call__(self, *args):
@@ -132,13 +131,7 @@ class CachedProgram:
             with _lock:
                 if self._call is None:
                     self._resolve(args)
-        if self.source == "jit":
-            return self._call(*args)
-        out = self._call(*(jax.tree.leaves(a) for a in args))
-        return tuple(
-            jax.tree.unflatten(t, o) if t is not None else o
-            for t, o in zip(self._out_treedefs, out, strict=True)
-        )
+        return self._call(*args)
 
     def _cache_size(self) -> int:
         """Shapes compiled so far (jax.jit's count): tests check that nothing retraces."""
@@ -155,7 +148,7 @@ class CachedProgram:
         from jax import export
 
         in_treedefs = [jax.tree.structure(a) for a in args]
-        self._out_treedefs = [
+        out_treedefs = [
             in_treedefs[like] if isinstance(like, int) else like for like in self._outputs_like
         ]
         path = self.path_for(args)
@@ -168,7 +161,7 @@ class CachedProgram:
                 logger.info("program cache: %s could not be loaded (%s); tracing it", path, err)
         if exported is None:
             try:
-                exported = self._export(args, in_treedefs)
+                exported = self._export(args, in_treedefs, out_treedefs)
             except Exception as err:  # a primitive or output export cannot carry
                 logger.info("program cache: %s runs as plain jit (%s)", self.name, err)
                 self._call, self.source = self._fn, "jit"
@@ -184,19 +177,26 @@ class CachedProgram:
             # way: the export's own spelling (replicated for P('learner') on one device) is the
             # same layout but another jit cache key, and would compile the step a second time.
             out_shardings = tuple(
-                [x.sharding for x in jax.tree.leaves(args[like])] if isinstance(like, int) else None
+                jax.tree.map(lambda x: x.sharding, args[like]) if isinstance(like, int) else None
                 for like in self._outputs_like
             )
-        call = jax.jit(exported.call, donate_argnums=self._donate, out_shardings=out_shardings)
+
+        def run(*args):  # the arguments' own trees: jit flattens them, not Python per call
+            out = exported.call(*(jax.tree.leaves(a) for a in args))
+            return tuple(
+                jax.tree.unflatten(t, o) if t is not None else o
+                for t, o in zip(out_treedefs, out, strict=True)
+            )
+
+        call = jax.jit(run, donate_argnums=self._donate, out_shardings=out_shardings)
         if self._compiler_options is not None:
-            flat = [jax.tree.leaves(a) for a in args]
-            call = call.lower(*flat).compile(self._compiler_options)
+            call = call.lower(*args).compile(self._compiler_options)
         self._call = call
 
-    def _export(self, args, in_treedefs):
+    def _export(self, args, in_treedefs, out_treedefs):
         from jax import export
 
-        fn, kept = self._fn, [t is None for t in self._out_treedefs]
+        fn, kept = self._fn, [t is None for t in out_treedefs]
 
         def flat_fn(*flat):
             out = fn(*(jax.tree.unflatten(t, f) for t, f in zip(in_treedefs, flat, strict=True)))
