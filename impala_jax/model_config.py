@@ -47,7 +47,7 @@ DEFAULT_MODEL_CONFIG: Mapping[str, Any] = types.MappingProxyType(
         "free_log_std": False,  # Gaussian actions: state-independent log-std parameter
         "log_std_clip_param": 20.0,
         "vf_share_layers": True,  # policy and value share the encoder
-        "use_lstm": False,  # accepted for RLlib's sake; True is rejected (no LSTM yet)
+        "use_lstm": False,  # True: an LSTM core between encoder and heads (recurrent.py)
         "max_seq_len": 20,
         "lstm_cell_size": 256,
         "lstm_use_prev_action": False,
