@@ -99,7 +99,6 @@ def compute_only(algo, seconds: float) -> float:
     """Env steps/s of the compiled ``act`` and learner step alone, on zeros of the training
     shapes (see the module docstring); the learner's own state is not touched."""
     import jax
-    import jax.numpy as jnp
 
     if algo.recurrent:
         raise ValueError("compute_only times feedforward policies (CartPole, Pong)")
@@ -117,13 +116,15 @@ def compute_only(algo, seconds: float) -> float:
     learner = algo.learner
     state, replay = learner.throwaway_copy()
     device_batch = learner.put_batch(example)
-    zero = jnp.zeros((2,), jnp.float32)
+    learner.wait_for_warm_up()
+    step = learner._compiled or learner._step  # the program update() runs
+    zero = np.zeros((2,), np.float32)  # a host value, as update() passes it
 
     def one_batch(state, replay, key):
         for _ in range(acts_per_batch):
             action, _, key = algo._act(params, obs, key)
             np.asarray(action)  # a runner fetches every action to step its envs
-        state, replay, metrics = learner._step(state, device_batch, replay, zero)
+        state, replay, metrics = step(state, device_batch, replay, zero)
         return state, replay, key, metrics
 
     state, replay, key, metrics = one_batch(state, replay, key)  # compiled already; warm it

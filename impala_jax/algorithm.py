@@ -234,6 +234,16 @@ class IMPALA(Checkpointable):
         self.opt_spec = specs.optimizer_spec(config)
         loss_spec = specs.loss_spec(config)
         self.step_spec = specs.step_spec(config, len(devices))
+        columns = self.step_spec.columns * len(local)
+
+        def example_batch(params) -> Trajectory:  # from the params' shapes (Learner)
+            self.action_dtype = self._policy_action_dtype(obs_space, params)
+            return self._example_batch(columns, self.action_dtype)
+
+        # The learner step compiles in a thread of its own from the start of the Learner's
+        # construction, beside the initial state's and the policy's compilation and the envs'
+        # creation below, not after them.
+        warm_up = not (config._env_runners_only or config._skip_learners)
         self.learner = Learner(
             self.networks,
             self.distribution,
@@ -244,13 +254,10 @@ class IMPALA(Checkpointable):
             learner_key,
             # The learner's traced programs kept on disk where it can (program_cache).
             program_key=program_cache.model_description(config.model_config, obs_space, act_space),
+            example=example_batch if warm_up else None,
         )
-        columns = self.step_spec.columns * len(local)
-        self.action_dtype = self._policy_action_dtype(obs_space)
-        if not (config._env_runners_only or config._skip_learners):
-            # The learner step compiles in a thread of its own from here on, beside the
-            # policy's compilation and the envs' creation below, not after them.
-            self.learner.warm_up(self._example_batch(columns, self.action_dtype))
+        if not warm_up:
+            self.action_dtype = self._policy_action_dtype(obs_space, self.learner.state.params)
         group = EnvRunnerGroup(
             config,
             self._act,
@@ -298,9 +305,9 @@ class IMPALA(Checkpointable):
             self.stop()
             raise
 
-    def _policy_action_dtype(self, obs_space) -> np.dtype:
-        """The dtype of the policy's actions, from its abstract evaluation (no compilation)."""
-        params = self.learner.state.params
+    def _policy_action_dtype(self, obs_space, params) -> np.dtype:
+        """The dtype of the policy's actions, from its abstract evaluation (no compilation);
+        ``params`` may be shapes alone."""
         obs = jax.ShapeDtypeStruct((1, *obs_space.shape), obs_space.dtype)
         key = jax.random.key(0)
         if self.recurrent:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -284,11 +285,16 @@ class Learner:
         devices,
         key,
         program_key: Any = None,
+        example: Callable[[Any], Batch] | None = None,
     ):
         """``program_key``: plain data deciding ``networks`` and ``distribution`` (the model
         config and the spaces: program_cache.model_description); given, and with the
         persistent compilation cache on, the step's traced program is kept on disk
-        (impala_jax.program_cache) and a later process skips tracing it."""
+        (impala_jax.program_cache) and a later process skips tracing it.
+
+        ``example``: given the params' shapes (jax.ShapeDtypeStruct leaves), a host batch with
+        the real shapes and dtypes; the step then compiles in a thread of its own (warm_up)
+        from here on, beside the initial state's compilation rather than after it."""
         self.mesh = parallel.make_mesh(devices)
         self.num_devices = len(devices)
         self.step_spec = step_spec
@@ -310,28 +316,18 @@ class Learner:
         traced = init_jit.trace(key)
         self._multiprocess = not NamedSharding(self.mesh, P()).is_fully_addressable
         cached = program_key is not None and not self._multiprocess and program_cache.directory()
-        if cached:
-            # Lowering this program (the orthogonal initializer's QR, threefry) takes 0.3 s on
-            # 2 cores, three times its trace: a stored one skips it (program_cache).
-            init = program_cache.CachedProgram(
-                init_jit,
-                "learner_init",
-                [program_key, opt_spec, self.mesh, devices],
-                outputs_like=tuple(jax.tree.structure(x) for x in traced.out_info),
-                out_shardings=placed,
-                compiler_options=FAST_COMPILE,
-            )
-            self.state, replay_key = init(key)
-        else:
-            self.state, replay_key = traced.lower().compile(FAST_COMPILE)(key)
+        # The state's and the replay key's shapes, dtypes and shardings, known from the trace
+        # before anything compiles: the step compiles from them (warm_up).
+        self._abstract_state, replay_key_info = traced.out_info
+        self._key_data_shape = jax.eval_shape(jax.random.key_data, replay_key_info).shape
         self.replay = ()
-        self._replay_key = replay_key
+        self._replay_like = ()  # the slots' shapes once warm_up knows them (a restore's tree)
         self._warm_up: threading.Thread | None = None
-        # Over several processes: the step compiled ahead of time (warm_up), since running
-        # it there would start collectives from a thread of its own.
+        # The step compiled ahead of time by warm_up (None until then, or without it: the
+        # step then compiles at its first call).
         self._compiled = None
         # Convolutions (4-D kernels) on CPU: the minibatch updates unrolled (see the constant).
-        conv = any(jnp.ndim(x) == 4 for x in jax.tree.leaves(self.state.params))
+        conv = any(len(x.shape) == 4 for x in jax.tree.leaves(self._abstract_state.params))
         cpu = devices[0].platform == "cpu"
         unrolled = MAX_UNROLLED_UPDATES_ON_CPU if cpu and conv else 0
         step = make_learner_step(
@@ -353,6 +349,22 @@ class Learner:
                 outputs_like=(0, 2, None),  # the state, the replay slots, the metrics
                 donate_argnums=(0, 2),
             )
+        if example is not None:
+            self.warm_up(example(self._abstract_state.params))
+        if cached:
+            # Lowering this program (the orthogonal initializer's QR, threefry) takes 0.3 s on
+            # 2 cores, three times its trace: a stored one skips it (program_cache).
+            init = program_cache.CachedProgram(
+                init_jit,
+                "learner_init",
+                [program_key, opt_spec, self.mesh, devices],
+                outputs_like=tuple(jax.tree.structure(x) for x in traced.out_info),
+                out_shardings=placed,
+                compiler_options=FAST_COMPILE,
+            )
+            self.state, self._replay_key = init(key)
+        else:
+            self.state, self._replay_key = traced.lower().compile(FAST_COMPILE)(key)
 
     def init_replay(self, example: Batch) -> None:
         """Zeroed slots shaped like one column of ``example`` (a host fragment).
@@ -383,8 +395,9 @@ class Learner:
     def init_replay_from_leaves(self, leaves: list) -> None:
         """Replay slots from the flat leaves of a saved ``Replay`` (see state_arrays), laid out
         as this learner's slots (a recurrent batch's core_state is a pytree of its own)."""
-        if self.replay != ():
-            replay = jax.tree.unflatten(jax.tree.structure(self.replay), leaves)
+        like = self.replay if self.replay != () else self._replay_like
+        if like != ():
+            replay = jax.tree.unflatten(jax.tree.structure(like), leaves)
         else:
             *fields, count, key = leaves
             replay = Replay(Batch(*fields, param_version=None), count, key)
@@ -395,28 +408,49 @@ class Learner:
         return parallel.put(batch._replace(param_version=None), self.mesh, parallel.TIME_MAJOR)
 
     def warm_up(self, example: Batch) -> None:
-        """Compiles the step in a background thread, on throwaway copies of the state.
+        """Compiles the step ahead of time in a background thread, from shapes alone.
 
-        ``example`` is a host batch with the real shapes and dtypes; compilation (seconds on a
-        CPU) then overlaps the runners' first fragments instead of delaying the first update.
+        ``example`` is a host batch with the real shapes and dtypes; the state's and the
+        replay slots' shapes come from the initial state's trace, so compilation (seconds on
+        a CPU) needs no state yet: it overlaps the initial state's compilation, the policy's
+        and the runners' first fragments instead of delaying the first update. Over several
+        processes it also keeps collectives out of a thread of their own (nothing runs).
         """
         device_batch = self.put_batch(example)
-        if self.step_spec.replay_columns and self.replay == ():
-            self.init_replay(device_batch)
+        self._replay_like = self._abstract_replay(device_batch)
+        args = (self._abstract_state, device_batch, self._replay_like)
+        env_steps = jax.ShapeDtypeStruct((2,), np.float32, sharding=self._replicated)
+        compile_ = getattr(self._step, "compile", None)  # a CachedProgram's own
 
         def compile_step():
-            if self._multiprocess:
-                zero = optim.env_steps_operand(0)
-                lowered = self._step.lower(self.state, device_batch, self.replay, zero)
-                self._compiled = lowered.compile()
-                return
-            state, replay = self.throwaway_copy()
-            out = self._step(state, device_batch, replay, jnp.zeros((2,), jnp.float32))
-            jax.block_until_ready(out)
+            if compile_ is not None:
+                self._compiled = compile_(*args, env_steps)
+            else:
+                self._compiled = self._step.lower(*args, env_steps).compile()
 
         # Not a daemon: a process exiting mid-compilation would kill XLA inside C++ and abort.
         self._warm_up = threading.Thread(target=compile_step, name="learner-warm-up")
         self._warm_up.start()
+
+    @property
+    def _replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, parallel.REPLICATED)
+
+    def _abstract_replay(self, device_batch: Batch):
+        """The shapes, dtypes and shardings init_replay gives the slots (or () without)."""
+        if not self.step_spec.replay_columns:
+            return ()
+        n = self.num_devices
+        leading = NamedSharding(self.mesh, parallel.LEADING)
+
+        def slots(x):
+            shape = (self.step_spec.replay_slots * n, x.shape[0], *x.shape[2:])
+            return jax.ShapeDtypeStruct(shape, x.dtype, sharding=leading)
+
+        data = jax.tree.map(slots, device_batch._replace(param_version=None))
+        count = jax.ShapeDtypeStruct((n,), np.int32, sharding=leading)
+        key = jax.ShapeDtypeStruct((n, *self._key_data_shape), np.uint32, sharding=leading)
+        return Replay(data, count, key)
 
     def throwaway_copy(self) -> tuple:
         """Copies of the state and replay slots to run the (donating) step on without touching
@@ -436,10 +470,9 @@ class Learner:
             self.init_replay(device_batch)
         # [hi, lo] float32 (optim.env_steps_operand): past 2^31 env steps as exact as before.
         env_steps = optim.env_steps_operand(env_steps)
-        if self._multiprocess:  # a host value: the same on every process
-            step = self._compiled or self._step
-        else:
-            step, env_steps = self._step, jnp.asarray(env_steps)
+        step = self._compiled or self._step
+        if step is self._step and not self._multiprocess:
+            env_steps = jnp.asarray(env_steps)  # else a host value, placed by the program
         self.state, self.replay, metrics = step(self.state, device_batch, self.replay, env_steps)
         return metrics
 

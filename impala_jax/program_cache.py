@@ -37,7 +37,6 @@ SUBDIRECTORY = "impala_jax_programs"
 SUFFIX = ".jaxexport"
 _PACKAGE = Path(__file__).resolve().parent
 _source_digest: str | None = None
-_lock = threading.Lock()
 
 
 def directory() -> Path | None:
@@ -124,14 +123,29 @@ class CachedProgram:
         self._out_shardings = out_shardings
         self._compiler_options = compiler_options
         self._call: Callable | None = None
+        # Per program, so that two programs resolve at once (the learner's initial state on
+        # the main thread, its step in the warm-up thread).
+        self._lock = threading.Lock()
         self.source: str | None = None  # "loaded", "exported" or "jit" once resolved
 
     def __call__(self, *args):
         if self._call is None:
-            with _lock:
+            with self._lock:
                 if self._call is None:
                     self._resolve(args)
         return self._call(*args)
+
+    def compile(self, *args):
+        """The program for ``args`` (arrays, or jax.ShapeDtypeStruct with the arrays'
+        shardings) compiled ahead of time: loaded or exported as at a first call, then
+        ``lower(*args).compile()``. Its calls take arrays of exactly those shapes and
+        shardings (host arrays are placed by it)."""
+        if self._call is None:
+            with self._lock:
+                if self._call is None:
+                    self._resolve(args)
+        call = self._call
+        return call.lower(*args).compile() if hasattr(call, "lower") else call
 
     def _cache_size(self) -> int:
         """Shapes compiled so far (jax.jit's count): tests check that nothing retraces."""

@@ -26,7 +26,7 @@ def programs(tmp_path, monkeypatch):
     return tmp_path
 
 
-def make_learner(num_devices=1, gamma=0.99, replay=0, cached=True, model=MODEL):
+def make_learner(num_devices=1, gamma=0.99, replay=0, cached=True, model=MODEL, warm_up=False):
     columns = B // num_devices
     step = StepSpec(
         columns=columns,
@@ -45,6 +45,7 @@ def make_learner(num_devices=1, gamma=0.99, replay=0, cached=True, model=MODEL):
         jax.devices()[:num_devices],
         jax.random.key(0),
         program_key=program_cache.model_description(model, OBS, ACT) if cached else None,
+        example=(lambda params: random_batch(99)) if warm_up else None,
     )
 
 
@@ -82,6 +83,23 @@ def test_stored_program_gives_the_plain_jits_updates_bit_for_bit(programs, num_d
     # No more jit cache entries than the plain jit (the outputs fed back keep the arguments'
     # shardings, so the updates after the first do not compile the step again).
     assert 1 <= second._step._cache_size() <= plain_entries
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("num_devices,replay", [(1, 0), (1, 4), (2, 2)])
+def test_the_step_compiled_ahead_from_shapes_gives_the_same_updates(programs, num_devices, replay):
+    """warm_up compiles the step from the initial state's trace before that state exists
+    (stored program or plain jit alike); the updates are the plain jit's, bit for bit, and
+    the jit never compiles a program of its own."""
+    plain = train(make_learner(num_devices, replay=replay, cached=False))
+    for cached in (False, True, True):  # plain jit, then exported, then loaded
+        learner = make_learner(num_devices, replay=replay, cached=cached, warm_up=True)
+        assert_same(plain, train(learner))
+        assert learner._compiled is not None
+        assert learner._step._cache_size() == 0
+        if cached:
+            assert learner._step.source in ("exported", "loaded")
+    assert learner._step.source == "loaded"
 
 
 @pytest.mark.timeout(300)
