@@ -10,6 +10,7 @@ are averaged over ``LEARNER_AXIS``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -23,6 +24,8 @@ from jax.sharding import PartitionSpec as P
 
 from impala_jax import losses, optim, parallel, program_cache
 from impala_jax.types import LEARNER_AXIS, Batch, LearnerState
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,6 +271,13 @@ def make_learner_step(
 # rows: 7.1 s vs 0.80 s per step). Unrolling costs compile time (2.8 -> 8.0 s there), and for
 # an MLP it is not worth it (CartPole, 4 updates: 5.4 vs 4.7 ms per step, compile 3.1 -> 5.9 s).
 MAX_UNROLLED_UPDATES_ON_CPU = 16
+
+
+def _layout(batch: Batch) -> list:
+    """Shapes and dtypes of a batch's leaves: what a program compiled ahead of time takes."""
+    return [(x.shape, str(x.dtype)) for x in jax.tree.leaves(batch)]
+
+
 # XLA options for a program that runs once: compiled fast rather than run fast.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
@@ -326,6 +336,7 @@ class Learner:
         # The step compiled ahead of time by warm_up (None until then, or without it: the
         # step then compiles at its first call).
         self._compiled = None
+        self._compiled_for = None  # the batch's shapes and dtypes it was compiled for
         # Convolutions (4-D kernels) on CPU: the minibatch updates unrolled (see the constant).
         conv = any(len(x.shape) == 4 for x in jax.tree.leaves(self._abstract_state.params))
         cpu = devices[0].platform == "cpu"
@@ -417,6 +428,7 @@ class Learner:
         processes it also keeps collectives out of a thread of their own (nothing runs).
         """
         device_batch = self.put_batch(example)
+        self._compiled_for = _layout(device_batch)
         self._replay_like = self._abstract_replay(device_batch)
         args = (self._abstract_state, device_batch, self._replay_like)
         env_steps = jax.ShapeDtypeStruct((2,), np.float32, sharding=self._replicated)
@@ -454,7 +466,7 @@ class Learner:
 
     def throwaway_copy(self) -> tuple:
         """Copies of the state and replay slots to run the (donating) step on without touching
-        the learner's own: the warm-up's compilation run, the compute-only benchmark."""
+        the learner's own (the compute-only benchmark)."""
         copy = lambda x: jax.device_put(x, x.sharding, may_alias=False)  # noqa: E731
         return jax.tree.map(copy, self.state), jax.tree.map(copy, self.replay)
 
@@ -468,6 +480,16 @@ class Learner:
         self.wait_for_warm_up()  # one compilation, not two racing ones
         if self.step_spec.replay_columns and self.replay == ():
             self.init_replay(device_batch)
+        if self._compiled is not None and _layout(device_batch) != self._compiled_for:
+            # Not the example's shapes or dtypes (a bug, or a custom runner's batch): the
+            # ahead-of-time program cannot take it, the jit compiles one that can.
+            logger.warning(
+                "learner step: the batch %s is not the %s it was compiled for ahead of time; "
+                "compiling it again for this batch",
+                _layout(device_batch),
+                self._compiled_for,
+            )
+            self._compiled = None
         # [hi, lo] float32 (optim.env_steps_operand): past 2^31 env steps as exact as before.
         env_steps = optim.env_steps_operand(env_steps)
         step = self._compiled or self._step

@@ -103,6 +103,21 @@ def test_the_step_compiled_ahead_from_shapes_gives_the_same_updates(programs, nu
 
 
 @pytest.mark.timeout(300)
+def test_a_batch_unlike_the_warm_up_example_is_compiled_for_not_refused(caplog):
+    """A batch whose dtypes differ from the example the step was compiled for ahead of time
+    is not refused by that program: the learner warns, compiles it for the batch (the jit)
+    and gives the plain jit's updates."""
+    plain = train(make_learner(cached=False))
+    learner = make_learner(cached=False, warm_up=False)
+    odd = random_batch(99)
+    learner.warm_up(odd._replace(reward=odd.reward.astype(np.float16)))
+    with caplog.at_level("WARNING", logger="impala_jax.learner"):
+        assert_same(plain, train(learner))
+    assert "compiled for ahead of time" in caplog.text
+    assert learner._compiled is None and learner._step._cache_size() == 1
+
+
+@pytest.mark.timeout(300)
 def test_a_different_config_gets_a_program_of_its_own(programs):
     train(make_learner(gamma=0.99), updates=1)
     other = make_learner(gamma=0.5)
