@@ -336,7 +336,7 @@ class Learner:
         # The step compiled ahead of time by warm_up (None until then, or without it: the
         # step then compiles at its first call).
         self._compiled = None
-        self._compiled_for = None  # the batch's shapes and dtypes it was compiled for
+        self._compiled_for = None  # the example's layout, until the first batch is checked
         # Convolutions (4-D kernels) on CPU: the minibatch updates unrolled (see the constant).
         conv = any(len(x.shape) == 4 for x in jax.tree.leaves(self._abstract_state.params))
         cpu = devices[0].platform == "cpu"
@@ -390,10 +390,9 @@ class Learner:
             if d.process_index == jax.process_index()
         ]
         n = len(mine)
-        slots = self.step_spec.replay_slots * n
 
         def zeros(x):
-            return np.zeros((slots, x.shape[0], *x.shape[2:]), x.dtype)
+            return np.zeros(self._slot_shape(x, n), x.dtype)
 
         # Built on the host and placed in one transfer: as jnp ops, a dozen small programs to
         # compile or load from the cache (0.1-0.3 s of start-up on 2 cores).
@@ -431,7 +430,8 @@ class Learner:
         self._compiled_for = _layout(device_batch)
         self._replay_like = self._abstract_replay(device_batch)
         args = (self._abstract_state, device_batch, self._replay_like)
-        env_steps = jax.ShapeDtypeStruct((2,), np.float32, sharding=self._replicated)
+        replicated = NamedSharding(self.mesh, parallel.REPLICATED)
+        env_steps = jax.ShapeDtypeStruct((2,), np.float32, sharding=replicated)
         compile_ = getattr(self._step, "compile", None)  # a CachedProgram's own
 
         def compile_step():
@@ -444,9 +444,10 @@ class Learner:
         self._warm_up = threading.Thread(target=compile_step, name="learner-warm-up")
         self._warm_up.start()
 
-    @property
-    def _replicated(self) -> NamedSharding:
-        return NamedSharding(self.mesh, parallel.REPLICATED)
+    def _slot_shape(self, x, devices: int) -> tuple:
+        """The replay slots of ``devices`` devices for a batch field ``x`` ([T(+1), B, ...]):
+        one column per slot."""
+        return (self.step_spec.replay_slots * devices, x.shape[0], *x.shape[2:])
 
     def _abstract_replay(self, device_batch: Batch):
         """The shapes, dtypes and shardings init_replay gives the slots (or () without)."""
@@ -456,8 +457,7 @@ class Learner:
         leading = NamedSharding(self.mesh, parallel.LEADING)
 
         def slots(x):
-            shape = (self.step_spec.replay_slots * n, x.shape[0], *x.shape[2:])
-            return jax.ShapeDtypeStruct(shape, x.dtype, sharding=leading)
+            return jax.ShapeDtypeStruct(self._slot_shape(x, n), x.dtype, sharding=leading)
 
         data = jax.tree.map(slots, device_batch._replace(param_version=None))
         count = jax.ShapeDtypeStruct((n,), np.int32, sharding=leading)
@@ -480,16 +480,19 @@ class Learner:
         self.wait_for_warm_up()  # one compilation, not two racing ones
         if self.step_spec.replay_columns and self.replay == ():
             self.init_replay(device_batch)
-        if self._compiled is not None and _layout(device_batch) != self._compiled_for:
-            # Not the example's shapes or dtypes (a bug, or a custom runner's batch): the
-            # ahead-of-time program cannot take it, the jit compiles one that can.
-            logger.warning(
-                "learner step: the batch %s is not the %s it was compiled for ahead of time; "
-                "compiling it again for this batch",
-                _layout(device_batch),
-                self._compiled_for,
-            )
-            self._compiled = None
+        if self._compiled_for is not None:  # the first batch after warm_up: checked once
+            expected, self._compiled_for = self._compiled_for, None
+            layout = _layout(device_batch)
+            if self._compiled is not None and layout != expected:
+                # Not the example's shapes or dtypes (a bug, or a custom runner's batch): the
+                # ahead-of-time program cannot take it, the jit compiles one that can.
+                logger.warning(
+                    "learner step: the batch %s is not the %s it was compiled for ahead of "
+                    "time; compiling it again for this batch",
+                    layout,
+                    expected,
+                )
+                self._compiled = None
         # [hi, lo] float32 (optim.env_steps_operand): past 2^31 env steps as exact as before.
         env_steps = optim.env_steps_operand(env_steps)
         step = self._compiled or self._step

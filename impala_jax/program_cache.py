@@ -129,23 +129,22 @@ class CachedProgram:
         self.source: str | None = None  # "loaded", "exported" or "jit" once resolved
 
     def __call__(self, *args):
-        if self._call is None:
-            with self._lock:
-                if self._call is None:
-                    self._resolve(args)
-        return self._call(*args)
+        return self._resolved(args)(*args)
 
     def compile(self, *args):
         """The program for ``args`` (arrays, or jax.ShapeDtypeStruct with the arrays'
         shardings) compiled ahead of time: loaded or exported as at a first call, then
         ``lower(*args).compile()``. Its calls take arrays of exactly those shapes and
         shardings (host arrays are placed by it)."""
+        call = self._resolved(args)
+        return call.lower(*args).compile() if hasattr(call, "lower") else call
+
+    def _resolved(self, args) -> Callable:
         if self._call is None:
             with self._lock:
                 if self._call is None:
                     self._resolve(args)
-        call = self._call
-        return call.lower(*args).compile() if hasattr(call, "lower") else call
+        return self._call
 
     def _cache_size(self) -> int:
         """Shapes compiled so far (jax.jit's count): tests check that nothing retraces."""
