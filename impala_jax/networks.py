@@ -596,12 +596,13 @@ def make_networks(
     def init(key: jax.Array) -> Params:
         k_enc, k_pi, k_vf, k_vf_enc = jax.random.split(key, 4)
         x = preprocess(dummy_obs)
-        params = {"encoder": encoder.init(k_enc, x)["params"]}
+        # .get: an MLP encoder without hidden layers (fcnet_hiddens=[]) has no params.
+        params = {"encoder": encoder.init(k_enc, x).get("params", {})}
         features = jax.eval_shape(lambda p: encoder.apply({"params": p}, x), params["encoder"])
         params["pi"] = pi_head.init(k_pi, jnp.zeros(features.shape, features.dtype))["params"]
         params["vf"] = vf_head.init(k_vf, jnp.zeros(features.shape, features.dtype))["params"]
         if vf_encoder is not None:
-            params["vf_encoder"] = vf_encoder.init(k_vf_enc, x)["params"]
+            params["vf_encoder"] = vf_encoder.init(k_vf_enc, x).get("params", {})
         return params
 
     def apply(params: Params, obs: jax.Array, with_features: bool = False):

@@ -377,3 +377,10 @@ def test_callable_initializer_is_a_jax_initializer():
 def test_initializer_errors(config, match):
     with pytest.raises(ValueError, match=match):
         make_networks({**SMALL_MLP, **config}, *CARTPOLE)
+
+
+def test_mlp_without_hidden_layers():
+    """fcnet_hiddens=[] (accepted by the config checks): the heads read the observation."""
+    nets = make_networks({"fcnet_hiddens": []}, *CARTPOLE)
+    params, _, _ = _check_outputs(nets, _obs(CARTPOLE[0], 3), 3, 2)
+    assert params["encoder"] == {} and params["pi"]["Dense_0"]["kernel"].shape == (4, 2)
