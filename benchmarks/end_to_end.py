@@ -8,13 +8,14 @@ then the compute-only loop (below), then ``train()`` iterations. Ratios are take
 their medians reported, with the per-stage time breakdown from the result dicts' ``timers`` and
 ``perf``.
 
-The compute-only reference runs the algorithm's own compiled programs on synthetic data of the
-training shapes, no envs and no threads: per learner batch, ``batch / num_envs`` calls of the
-jitted ``act`` on one ``[num_envs, *obs]`` array (each fetched to the host, as a runner does)
-and one learner step (all its minibatch updates) on a throwaway copy of the learner state. Its
-env steps/s is what the machine's compute allows with nothing else running; with raw envpool
-stepping it gives the machine's ceiling, ``min(raw envpool, compute-only)``, and every
-end-to-end figure is also reported as a fraction of that ceiling, measured in the same round.
+The compute-only reference runs the algorithm's own programs on synthetic data of the training
+shapes, no envs and no threads: per learner batch, ``batch / num_envs`` calls of its ``act``
+(jitted, or NumPy's: ``inference_backend``) on one ``[num_envs, *obs]`` array (each result
+fetched to the host, as a runner does) and one learner step (all its minibatch updates) on a
+throwaway copy of the learner state. Its env steps/s is what the machine's compute allows with
+nothing else running; with raw envpool stepping it gives the machine's ceiling,
+``min(raw envpool, compute-only)``, and every end-to-end figure is also reported as a fraction
+of that ceiling, measured in the same round.
 
 While raw envpool runs, the paused algorithm's runner thread fills the bounded learner queue
 and then blocks, so after a short settling pause the raw figure is not shared with it; the
@@ -96,9 +97,11 @@ def raw_envpool(env_id: str, num_envs: int, seconds: float, env=None, num_thread
 
 
 def compute_only(algo, seconds: float) -> float:
-    """Env steps/s of the compiled ``act`` and learner step alone, on zeros of the training
+    """Env steps/s of the algorithm's ``act`` and learner step alone, on zeros of the training
     shapes (see the module docstring); the learner's own state is not touched."""
     import jax
+
+    from impala_jax.env_runner import actor_key
 
     if algo.recurrent:
         raise ValueError("compute_only times feedforward policies (CartPole, Pong)")
@@ -112,7 +115,7 @@ def compute_only(algo, seconds: float) -> float:
     space = algo.observation_space
     obs = np.zeros((envs, *space.shape), space.dtype)
     params, _ = algo.param_store.get()
-    key = jax.device_put(jax.random.key(1), jax.tree.leaves(params)[0].sharding)
+    key = actor_key(1, params, algo._act)  # a Generator for the NumPy actor (host_actor.py)
     learner = algo.learner
     state, replay = learner.throwaway_copy()
     device_batch = learner.put_batch(example)

@@ -29,6 +29,12 @@ from impala_jax.env_runner import initial_carry, make_act_fns
 from impala_jax.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from impala_jax.envs import ActionAdapter, make_vec_env
 from impala_jax.evaluation import Evaluator
+from impala_jax.host_actor import (
+    HostActor,
+    hold_one_blas_thread,
+    host_actor_unsupported,
+    release_blas_threads,
+)
 from impala_jax.learner import Learner
 from impala_jax.metrics import EpisodeStats, SysUsage, Timers, merge_timers, trainable_info
 from impala_jax.metrics_logger import MetricsLogger, deep_merge
@@ -173,6 +179,7 @@ class IMPALA(Checkpointable):
         self.learner = None
         self.env_runner_group: EnvRunnerGroup | None = None
         self._evaluator: Evaluator | None = None
+        self._holds_blas = False  # host_actor.hold_one_blas_thread, released by stop()
         # RLlib's algo.callbacks (the callbacks_class instances) and algo.metrics, the logger of
         # the algorithm-level hooks (its values: top-level keys of the next result).
         self._callbacks = Callbacks.from_config(config)
@@ -220,6 +227,7 @@ class IMPALA(Checkpointable):
         self.observation_space, self.action_space = obs_space, act_space
         self.distribution = make_distribution(act_space, config.model_config)
         self.recurrent = bool(config.model_config["use_lstm"])  # recurrent.py
+        host_actor = self._use_host_actor(config, local[0], obs_space)
         if self.recurrent:
             self.networks = make_recurrent_networks(config.model_config, obs_space, act_space)
             actor = RecurrentActor(self.networks, self.distribution, self.networks.max_seq_len)
@@ -227,6 +235,11 @@ class IMPALA(Checkpointable):
         else:
             self.networks = make_networks(config.model_config, obs_space, act_space)
             self._act, self._act_greedy = make_act_fns(self.networks, self.distribution)
+            if host_actor:
+                actor = HostActor(config.model_config, obs_space, self.distribution, self._act)
+                self._act, self._act_greedy = actor, actor.greedy
+                hold_one_blas_thread()
+                self._holds_blas = True
         self._adapter = ActionAdapter(
             act_space, config.normalize_actions, config.clip_actions, str(config.env)
         )
@@ -304,6 +317,21 @@ class IMPALA(Checkpointable):
         except BaseException:
             self.stop()
             raise
+
+    def _use_host_actor(self, config, actor_device, obs_space) -> bool:
+        """Whether the runners act with NumPy (host_actor.py): ``inference_backend``."""
+        backend = config.inference_backend
+        if backend == "jax":
+            return False
+        reason = host_actor_unsupported(config.model_config, obs_space, self.distribution)
+        if backend == "numpy" and reason is not None:
+            raise ValueError(
+                f"inference_backend='numpy': the NumPy actor cannot run this policy: {reason}. "
+                "Use 'auto' (NumPy where it can, else the jitted act) or 'jax' (set with "
+                ".env_runners(inference_backend=...))."
+            )
+        # "auto": NumPy for what it runs, on a CPU actor device; an accelerator keeps the act.
+        return reason is None and (backend == "numpy" or actor_device.platform == "cpu")
 
     def _policy_action_dtype(self, obs_space, params) -> np.dtype:
         """The dtype of the policy's actions, from its abstract evaluation (no compilation);
@@ -715,6 +743,9 @@ class IMPALA(Checkpointable):
             self.learner.wait_for_warm_up()
         if self._evaluator is not None:
             self._evaluator.close()
+        if self._holds_blas:
+            self._holds_blas = False
+            release_blas_threads()
 
     def __enter__(self) -> IMPALA:
         return self

@@ -98,6 +98,9 @@ class IMPALAConfig(RLlibBuilders):
         self.sample_timeout_s = 60.0  # a runner silent this long counts as failed
         self.max_requests_in_flight_per_env_runner = 1  # not supported yet: others ValueError
         self.compress_observations = False  # fragments stay arrays in memory: True is a ValueError
+        # impala_jax's: the runners' policy inference. "auto": NumPy (host_actor.py) for an MLP
+        # policy acting on a CPU, else the jitted act; "jax" always jitted; "numpy" or an error.
+        self.inference_backend = "auto"
         self.rollout_fragment_length = 50  # T, steps per fragment; "auto": see get_rollout_...
         self.batch_mode = "truncate_episodes"  # the only mode: fragments cut across episodes
         self.explore = True  # True: sample actions; False: take the most likely action
@@ -241,6 +244,7 @@ class IMPALAConfig(RLlibBuilders):
         sample_timeout_s=NotProvided,
         max_requests_in_flight_per_env_runner=NotProvided,
         compress_observations=NotProvided,
+        inference_backend=NotProvided,
         rollout_fragment_length=NotProvided,
         batch_mode=NotProvided,
         explore=NotProvided,

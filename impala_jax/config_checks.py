@@ -406,6 +406,11 @@ class _Validator:
         c.integer("max_requests_in_flight_per_env_runner", 1)
         c.boolean("compress_observations", "explore")
         c.check(
+            "inference_backend",
+            lambda v: v in ("auto", "jax", "numpy"),
+            "'auto', 'jax' or 'numpy'",
+        )
+        c.check(
             "rollout_fragment_length",
             lambda v: v == "auto" or (_is_int(v) and v > 0),
             "an int > 0 or 'auto'",

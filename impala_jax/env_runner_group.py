@@ -145,7 +145,7 @@ class EnvRunnerGroup:
             out = self._act(params, obs, actor_key(0, params), carry)
             jax.block_until_ready(self._act.greedy(params, obs, carry))
         else:
-            out = self._act(params, obs, actor_key(0, params))
+            out = self._act(params, obs, actor_key(0, params, self._act))
         jax.block_until_ready(out)
 
     def start(self, to_device: Callable) -> None:

@@ -133,7 +133,7 @@ class Evaluator:
         self._act, self._act_greedy = act, act_greedy
         self._param_store = param_store
         self._seed = seed + EVAL_SEED_OFFSET
-        self._key = actor_key(self._seed, param_store.get()[0])
+        self._key = actor_key(self._seed, param_store.get()[0], act)
         self.eval_config = self._make_eval_config()
         self.num_env_runners = max(1, config.evaluation_num_env_runners)
         self.num_envs = self.eval_config.num_envs_per_env_runner

@@ -116,7 +116,7 @@ def test_lockstep_runs_are_reproducible():
 
 @pytest.mark.timeout(120)
 def test_learner_step_and_act_compile_once_and_result_keys():
-    with small_config().build() as algo:
+    with small_config().env_runners(inference_backend="jax").build() as algo:
         for _ in range(3):
             result = algo.train()
         assert algo.learner._step._cache_size() == 0  # compiled ahead of time only (warm_up)

@@ -38,6 +38,7 @@ from impala_jax import IMPALAConfig, checkpoint, specs
 from impala_jax.config import _FIELD_TO_BUILDER
 from impala_jax.envs import make_vec_env
 from impala_jax.evaluation import Evaluator
+from impala_jax.host_actor import HostActor
 from tests.fake_envs import SeededFault, make_return_env
 from tests.test_algorithm import small_config
 
@@ -196,6 +197,8 @@ FIELDS: dict[str, Any] = {
     ),
     "max_requests_in_flight_per_env_runner": Error(2),
     "compress_observations": Error(True),
+    # The default ("auto") acts with NumPy for build A's MLP on the CPU; "jax" jits act.
+    "inference_backend": Built("A", "jax", lambda o: not isinstance(o.algo._act, HostActor)),
     "rollout_fragment_length": Built("A", 8, lambda o: o.runner.T == 8),
     "batch_mode": Error("complete_episodes"),
     "explore": Built("A", False, lambda o: o.runner.explore is False),
