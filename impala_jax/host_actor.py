@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
+import jax
 import numpy as np
 
 from impala_jax.distributions import Categorical, DiagGaussian
@@ -209,8 +210,6 @@ class HostActor:
         if not isinstance(key, np.random.Generator):
             if _is_abstract(obs) or _is_abstract(key):
                 return self.jitted(params, obs, key)  # jax.eval_shape: the jitted act's dtypes
-            import jax
-
             key = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
         dist_inputs = self.dist_inputs(params, obs)
         return self._sample(key, dist_inputs), dist_inputs, key
@@ -233,7 +232,8 @@ _blas_limiter = None
 
 
 def hold_one_blas_thread() -> None:
-    """Limits NumPy's BLAS to one thread until every holder has called ``release``."""
+    """Limits NumPy's BLAS to one thread until every holder has called
+    ``release_blas_threads``."""
     global _blas_holders, _blas_limiter
     with _blas_lock:
         if _blas_holders == 0:
@@ -261,6 +261,4 @@ def _tree_asarray(tree):
 
 def _is_abstract(x) -> bool:
     """A tracer or a ShapeDtypeStruct: a value with a shape but no data."""
-    import jax
-
     return isinstance(x, jax.core.Tracer | jax.ShapeDtypeStruct)

@@ -216,3 +216,24 @@ def test_lockstep_runs_repeat_exactly(backend):
     assert runs[0][0] == runs[1][0]
     for x, y in zip(runs[0][1], runs[1][1], strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_blas_is_held_at_one_thread_while_a_numpy_actor_runs():
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    assert before, "NumPy's BLAS was not found"
+    first, second = small_config().build(), small_config().build()
+    try:
+        assert set(blas_threads()) == {1}
+        first.stop()
+        assert set(blas_threads()) == {1}  # the second still acts with NumPy
+    finally:
+        first.stop()
+        second.stop()
+    assert blas_threads() == before
+    with small_config().env_runners(inference_backend="jax").build():
+        assert blas_threads() == before  # the jitted act leaves BLAS alone
