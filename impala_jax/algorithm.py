@@ -30,7 +30,9 @@ from impala_jax.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from impala_jax.envs import ActionAdapter, make_vec_env
 from impala_jax.evaluation import Evaluator
 from impala_jax.host_actor import (
+    AUTO_MAX_MACS,
     HostActor,
+    act_macs,
     hold_one_blas_thread,
     host_actor_unsupported,
     release_blas_threads,
@@ -330,8 +332,13 @@ class IMPALA(Checkpointable):
                 "Use 'auto' (NumPy where it can, else the jitted act) or 'jax' (set with "
                 ".env_runners(inference_backend=...))."
             )
-        # "auto": NumPy for what it runs, on a CPU actor device; an accelerator keeps the act.
-        return reason is None and (backend == "numpy" or actor_device.platform == "cpu")
+        if reason is not None or backend == "numpy":
+            return reason is None
+        # "auto": NumPy on a CPU actor device for a small policy; an accelerator, or a policy
+        # whose dots are large enough for XLA's threads to pay, keeps the jitted act.
+        envs = config.num_envs_per_env_runner
+        macs = act_macs(config.model_config, obs_space, self.distribution.param_size, envs)
+        return actor_device.platform == "cpu" and macs <= AUTO_MAX_MACS
 
     def _policy_action_dtype(self, obs_space, params) -> np.dtype:
         """The dtype of the policy's actions, from its abstract evaluation (no compilation);

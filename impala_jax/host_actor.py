@@ -51,6 +51,12 @@ _ACTIVATIONS = {
     None: None,
 }
 
+# "auto" acts with NumPy up to this many multiply-adds per call (envs x the dense layers'
+# in x out), where one BLAS thread beats XLA's dot on two: per call of a [64, 64] policy on
+# 256 envs (1.2 M) 69 against 142 us; [256, 256] on 16 envs (1.1 M) 63 against 139 us;
+# [512, 512] on 16 (4.3 M) even; [256, 256] on 1,024 (70 M) 1.8 ms against 1.0 ms (2 cores).
+AUTO_MAX_MACS = 2_000_000
+
 # flax.linen.LayerNorm's default epsilon.
 _LAYERNORM_EPSILON = 1e-6
 
@@ -72,6 +78,20 @@ def host_actor_unsupported(
         if (name.lower() if isinstance(name, str) else name) not in _ACTIVATIONS:
             return f"{field}={name!r} has no NumPy counterpart here"
     return None
+
+
+def act_macs(model_config: Mapping[str, Any], observation_space: gym.Space, dist_size, envs):
+    """Multiply-adds of one ``act`` call on ``envs`` observations: the dense layers' in x out."""
+    if isinstance(observation_space, gym.spaces.Discrete):
+        width = int(observation_space.n)
+    else:
+        width = int(np.prod(observation_space.shape))
+    per_row = 0
+    layers = ("fcnet_hiddens", "post_fcnet_hiddens", "head_fcnet_hiddens")
+    for size in [*(s for k in layers for s in model_config[k]), dist_size]:
+        per_row += width * int(size)
+        width = int(size)
+    return envs * per_row
 
 
 def _activation(name):

@@ -9,7 +9,7 @@ import pytest
 
 from impala_jax.distributions import Categorical, make_distribution
 from impala_jax.env_runner import make_act_fns
-from impala_jax.host_actor import HostActor, host_actor_unsupported
+from impala_jax.host_actor import AUTO_MAX_MACS, HostActor, act_macs, host_actor_unsupported
 from impala_jax.model_config import DEFAULT_MODEL_CONFIG
 from impala_jax.networks import make_networks
 from tests.fake_envs import ImageCueEnv
@@ -169,6 +169,17 @@ def test_unsupported_policies_are_named():
         HostActor({**base, "encoder": "impala_cnn"}, image, categorical, None)
 
 
+def test_act_macs_counts_the_dense_layers():
+    config = {**DEFAULT_MODEL_CONFIG, "fcnet_hiddens": [64, 64]}
+    assert act_macs(config, BOX4, 2, 256) == 256 * (4 * 64 + 64 * 64 + 64 * 2)
+    assert act_macs(config, BOX4, 2, 256) <= AUTO_MAX_MACS  # experiments/cartpole.py
+    config = {**config, "post_fcnet_hiddens": [8], "head_fcnet_hiddens": [3]}
+    discrete = gym.spaces.Discrete(5)
+    assert act_macs(config, discrete, 4, 1) == 5 * 64 + 64 * 64 + 64 * 8 + 8 * 3 + 3 * 4
+    big = {**DEFAULT_MODEL_CONFIG, "fcnet_hiddens": [256, 256]}
+    assert act_macs(big, BOX4, 2, 32) > AUTO_MAX_MACS
+
+
 def _image_config(backend):
     return small_config(ImageCueEnv).env_runners(inference_backend=backend)
 
@@ -184,6 +195,20 @@ def test_inference_backend_chooses_the_actor():
     algo = small_config().env_runners(inference_backend="jax").build()
     try:
         assert not isinstance(algo._act, HostActor)
+    finally:
+        algo.stop()
+    # A policy whose dots are large enough for XLA's threads to pay keeps the jitted act.
+    big = small_config(num_envs_per_env_runner=32).rl_module(
+        model_config={"fcnet_hiddens": [256, 256]}
+    )
+    algo = big.build()
+    try:
+        assert not isinstance(algo._act, HostActor)
+    finally:
+        algo.stop()
+    algo = big.env_runners(inference_backend="numpy").build()
+    try:
+        assert isinstance(algo._act, HostActor)
     finally:
         algo.stop()
     algo = _image_config("auto").build()  # a CNN keeps the jitted act
