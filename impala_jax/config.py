@@ -98,8 +98,8 @@ class IMPALAConfig(RLlibBuilders):
         self.sample_timeout_s = 60.0  # a runner silent this long counts as failed
         self.max_requests_in_flight_per_env_runner = 1  # not supported yet: others ValueError
         self.compress_observations = False  # fragments stay arrays in memory: True is a ValueError
-        # impala_jax's: the runners' policy inference. "auto": NumPy (host_actor.py) for an MLP
-        # policy acting on a CPU, else the jitted act; "jax" always jitted; "numpy" or an error.
+        # impala_jax's: the runners' policy inference. "auto": NumPy (host_actor.py) for a small
+        # MLP policy acting on a CPU, else the jitted act; "jax" always jitted; "numpy" or error.
         self.inference_backend = "auto"
         self.rollout_fragment_length = 50  # T, steps per fragment; "auto": see get_rollout_...
         self.batch_mode = "truncate_episodes"  # the only mode: fragments cut across episodes
