@@ -332,8 +332,10 @@ class IMPALA(Checkpointable):
                 "Use 'auto' (NumPy where it can, else the jitted act) or 'jax' (set with "
                 ".env_runners(inference_backend=...))."
             )
-        if reason is not None or backend == "numpy":
-            return reason is None
+        if reason is not None:
+            return False
+        if backend == "numpy":
+            return True
         # "auto": NumPy on a CPU actor device for a small policy; an accelerator, or a policy
         # whose dots are large enough for XLA's threads to pay, keeps the jitted act.
         envs = config.num_envs_per_env_runner
@@ -348,7 +350,8 @@ class IMPALA(Checkpointable):
         if self.recurrent:
             carry = initial_carry(self._act, 1, self.action_space)
             return jax.eval_shape(self._act, params, obs, key, carry)[0].dtype
-        return jax.eval_shape(self._act, params, obs, key)[0].dtype
+        act = self._act.jitted if isinstance(self._act, HostActor) else self._act
+        return jax.eval_shape(act, params, obs, key)[0].dtype
 
     def _example_batch(self, columns: int, action_dtype) -> Trajectory:
         """Zeros shaped and typed like one learner batch, to compile the learner step early."""

@@ -121,8 +121,8 @@ def _dense_stack(p: Mapping, layers: int, activation, layernorm: bool, x: np.nda
 class HostActor:
     """``act`` and ``greedy`` in NumPy for the MLP policies ``host_actor_unsupported`` allows.
 
-    ``jitted`` is the jitted ``act`` it stands in for: abstract evaluations (the action dtype
-    the learner compiles for) go to it.
+    ``jitted`` is the jitted ``act`` it stands in for: the action dtype the learner compiles
+    for comes from its abstract evaluation (IMPALA._policy_action_dtype); the dtypes agree.
     """
 
     def __init__(
@@ -229,9 +229,7 @@ class HostActor:
     def __call__(self, params, obs, key):
         """(action, dist_inputs, key): a sampled action per row; ``key`` advanced."""
         _yield_gil()
-        if not isinstance(key, np.random.Generator):
-            if _is_abstract(obs) or _is_abstract(key):
-                return self.jitted(params, obs, key)  # jax.eval_shape: the jitted act's dtypes
+        if not isinstance(key, np.random.Generator):  # a JAX key (compute_actions)
             key = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
         dist_inputs = self.dist_inputs(params, obs)
         return self._sample(key, dist_inputs), dist_inputs, key
@@ -295,8 +293,3 @@ def _tree_asarray(tree):
     if isinstance(tree, Mapping):
         return {k: _tree_asarray(v) for k, v in tree.items()}
     return np.asarray(tree)
-
-
-def _is_abstract(x) -> bool:
-    """A tracer or a ShapeDtypeStruct: a value with a shape but no data."""
-    return isinstance(x, jax.core.Tracer | jax.ShapeDtypeStruct)
