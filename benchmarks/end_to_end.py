@@ -3,8 +3,11 @@
 ``--env cartpole`` trains with ``experiments/cartpole.py``'s config; ``--env pong`` trains Atari
 Pong (envpool ``Pong-v5``, frameskip 4) with a small CPU config. After a warm-up iteration
 (compilation), rounds alternate: raw envpool stepping of the same number of envs with random
-actions (one ``envpool.make(..., num_envs=N)``, synchronous ``step``: the machine's ceiling),
-then the compute-only loop (below), then ``train()`` iterations. Ratios are taken per round and
+actions (one ``envpool.make(..., num_envs=N)``, synchronous ``step``: the machine's ceiling;
+the goal's reference), the same env stepped through envpool's C++ binding as impala_jax's runner
+steps it (``_send``/``_recv``, without envpool's Python layer: reported beside it, so that the
+runner's use of the binding is not counted as beating envpool), then the compute-only loop
+(below), then ``train()`` iterations. Ratios are taken per round and
 their medians reported, with the per-stage time breakdown from the result dicts' ``timers`` and
 ``perf``.
 
@@ -96,6 +99,28 @@ def raw_envpool(env_id: str, num_envs: int, seconds: float, env=None, num_thread
     return steps * num_envs / elapsed, env
 
 
+def raw_binding(env, num_envs: int, seconds: float) -> float:
+    """Random-action env steps/s of ``env`` (raw_envpool's) stepped through envpool's C++
+    binding, as impala_jax's runner steps it (envs.EnvpoolVecEnv): the same loop without
+    envpool's Python send and recv."""
+    from impala_jax.envs import _binding_layout
+
+    layout = _binding_layout(env)
+    if layout is None:
+        return float("nan")
+    rng = np.random.default_rng(1)
+    actions = [rng.integers(0, env.action_space.n, num_envs) for _ in range(8)]
+    ids = np.arange(num_envs, dtype=np.int32)
+    steps = 0
+    started = time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        for a in actions:
+            env._send([ids.copy(), ids, a.astype(layout.action_dtype, order="C")])
+            env._recv()
+        steps += len(actions)
+    return steps * num_envs / elapsed
+
+
 def compute_only(algo, seconds: float) -> float:
     """Env steps/s of the algorithm's ``act`` and learner step alone, on zeros of the training
     shapes (see the module docstring); the learner's own state is not touched."""
@@ -159,6 +184,7 @@ def measure(
             time.sleep(settle_s)
             threads = config.num_cpus_per_env_runner if config.num_cpus_per_env_runner > 1 else 0
             raw, env = raw_envpool(env_id, num_envs, raw_s, env, threads)
+            binding = raw_binding(env, num_envs, raw_s)
             compute = compute_only(algo, raw_s)
             ceiling = min(raw, compute)
             # The first iteration after the pause carries the runner's blocked put and a full
@@ -175,6 +201,8 @@ def measure(
                     "train_env_steps_sampled_per_s": sampled / wall,
                     "train_env_steps_trained_per_s": trained / wall,
                     "ratio_sampled_to_raw": sampled / wall / raw,
+                    "raw_binding_steps_per_s": binding,
+                    "ratio_sampled_to_raw_binding": sampled / wall / binding,
                     "compute_only_steps_per_s": compute,
                     "ceiling_steps_per_s": ceiling,
                     "ceiling_bound_by": "envpool" if raw <= compute else "compute",
@@ -214,6 +242,8 @@ def measure(
         "train_env_steps_trained_per_s": common.median(pick("train_env_steps_trained_per_s")),
         "raw_envpool_steps_per_s": common.median(pick("raw_envpool_steps_per_s")),
         "ratio_to_raw": common.median(pick("ratio_sampled_to_raw")),
+        "raw_binding_steps_per_s": common.median(pick("raw_binding_steps_per_s")),
+        "ratio_to_raw_binding": common.median(pick("ratio_sampled_to_raw_binding")),
         "compute_only_steps_per_s": common.median(pick("compute_only_steps_per_s")),
         "ceiling_steps_per_s": common.median(pick("ceiling_steps_per_s")),
         "ratio_to_ceiling": common.median(pick("ratio_sampled_to_ceiling")),
@@ -266,6 +296,7 @@ def main(argv=None) -> dict:
             r["train_env_steps_sampled_per_s"] * frameskip,
             r["train_env_steps_trained_per_s"] * frameskip,
             r["ratio_sampled_to_raw"],
+            r["ratio_sampled_to_raw_binding"],
             r["compute_only_steps_per_s"] * frameskip,
             r["ratio_sampled_to_ceiling"],
             r["ceiling_bound_by"],
@@ -282,6 +313,7 @@ def main(argv=None) -> dict:
                 f"train {unit}",
                 f"trained {unit}",
                 "/ raw",
+                "/ raw binding",
                 f"compute-only {unit}",
                 "/ ceiling",
                 "bound by",

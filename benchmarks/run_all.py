@@ -59,6 +59,11 @@ def summarize(results: dict) -> list[dict]:
                 "value": f"{e2e['train_env_steps_per_s']:,.0f} env steps/s, "
                 f"{e2e['ratio_to_raw']:.2f} of raw envpool "
                 f"({e2e['raw_envpool_steps_per_s']:,.0f}) at {e2e['num_envs']} envs"
+                + (
+                    f"; {e2e['ratio_to_raw_binding']:.2f} of envpool through its binding"
+                    if "ratio_to_raw_binding" in e2e
+                    else ""
+                )
                 + _ceiling(e2e),
                 "met": e2e["goal_met"],
             }

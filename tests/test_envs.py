@@ -480,3 +480,101 @@ assert import_envpool() is envpool
 """
     proc = _python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_envpool_binding_gives_what_envpools_python_api_gives(env_id):
+    # EnvpoolVecEnv steps envpool through its C++ binding (_send/_recv) rather than its Python
+    # send/recv: the same observations, rewards and flags, with the same dtypes, step by step.
+    fast, public = envs.EnvpoolVecEnv(env_id, 8, 3, {}), envs.EnvpoolVecEnv(env_id, 8, 3, {})
+    public._binding = None
+    assert fast._binding is not None
+    space = fast.action_space
+    space.seed(0)
+    fast.async_reset(), public.async_reset()
+    ends = 0
+    for step in range(600):
+        a, b = fast.recv(), public.recv()
+        for x, y in zip(a, b, strict=True):
+            assert x.dtype == y.dtype and np.array_equal(x, y), step
+        ends += int(np.count_nonzero(a[2] | a[3]))
+        action = np.stack([space.sample() for _ in range(8)])
+        fast.send(action), public.send(action)
+    assert ends > 0  # episodes ended (and reset) along the way
+    fast.close(), public.close()
+
+
+class _FakeBindingPool:
+    """envpool's binding surface, returning the envs out of id order."""
+
+    _state_keys = ["info:env_id", "info:players.env_id", "done", "reward", "trunc", "obs"]
+    config = {"max_num_players": 1}
+
+    class _spec:  # noqa: N801 (envpool's attribute name)
+        _action_keys = ["env_id", "players.env_id", "action"]
+        _action_spec = ((np.int32,), (np.int32,), (np.int32,))
+
+    def __init__(self):
+        self.sent = []
+
+    def _recv(self):
+        ids = np.array([2, 0, 1], np.int32)
+        obs = np.stack([np.full(4, i, np.float32) for i in ids])
+        done = np.array([True, False, True])
+        trunc = np.array([True, False, False])
+        return [ids, ids, done, ids.astype(np.float32), trunc, obs]
+
+    def _send(self, arrays):
+        self.sent.append(arrays)
+
+    def send(self, action, env_id):
+        self.sent.append(("public", action, env_id))
+
+
+def test_envpool_binding_reorders_by_env_id_and_sends_envpools_layout():
+    vec = object.__new__(envs.EnvpoolVecEnv)
+    vec._env, vec._env_ids, vec._sent = _FakeBindingPool(), np.arange(3, dtype=np.int32), False
+    vec._binding = envs._binding_layout(vec._env)
+    obs, reward, terminated, truncated = vec.recv()
+    np.testing.assert_array_equal(obs[:, 0], [0, 1, 2])
+    np.testing.assert_array_equal(reward, [0, 1, 2])
+    assert reward.dtype == np.float32
+    # done & ~trunc, reordered: env 2 truncated, env 1 terminated.
+    np.testing.assert_array_equal(terminated, [False, True, False])
+    np.testing.assert_array_equal(truncated, [False, False, True])
+    # The first send goes through envpool's own (its one-time action check), the rest to the
+    # binding as [env_id, players.env_id, action] in the action spec's dtype.
+    vec.send(np.array([1, 0, 1], np.int64))
+    vec.send(np.array([0, 1, 1], np.int64))
+    assert vec._env.sent[0][0] == "public"
+    ids, players, action = vec._env.sent[1]
+    np.testing.assert_array_equal(ids, [0, 1, 2])
+    np.testing.assert_array_equal(players, [0, 1, 2])
+    assert action.dtype == np.int32 and action.flags.c_contiguous and action.flags.writeable
+    np.testing.assert_array_equal(action, [0, 1, 1])
+
+
+class _NoBindingPool:
+    """Another envpool: without the binding methods the fast path calls (its Python API only)."""
+
+    _state_keys = _FakeBindingPool._state_keys
+    _spec = _FakeBindingPool._spec
+    config = _FakeBindingPool.config
+
+
+@pytest.mark.parametrize("pool_class", [_FakeBindingPool, _NoBindingPool])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"config": {"max_num_players": 2}},  # several players per env
+        {"_state_keys": _FakeBindingPool._state_keys + ["obs:extra"]},  # a dict observation
+        {"_state_keys": ["info:env_id", "done", "reward", "obs"]},  # no truncation flags
+        {},
+    ],
+)
+def test_envpool_layouts_the_binding_path_does_not_know_use_envpools_python_api(pool_class, change):
+    pool = pool_class()
+    for name, value in change.items():
+        setattr(pool, name, value)
+    known = isinstance(pool, _FakeBindingPool) and not change
+    assert (envs._binding_layout(pool) is not None) == known
