@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from impala_jax.callbacks import EpisodeCallbacks, UserCodeError
-from impala_jax.envs import ActionAdapter, VecEnv, make_vec_env
-from impala_jax.host_actor import HostActor
+from impala_jax.envs import ActionAdapter, EnvpoolVecEnv, VecEnv, make_vec_env
+from impala_jax.host_actor import HostActor, no_gil_yield
 from impala_jax.metrics import Timers
 from impala_jax.metrics_logger import MetricsLogger
 from impala_jax.types import Trajectory
@@ -229,6 +229,8 @@ class EnvRunner:
                 )
             )
             offset += size
+        # envpool releases the GIL while it steps: a NumPy actor need not yield it as well.
+        self._envs_release_gil = all(isinstance(g.env, EnvpoolVecEnv) for g in self.groups)
         for g in self.groups:
             g.env.async_reset()
             g.obs = self._checked(g, g.env.recv()[0], None)
@@ -274,6 +276,12 @@ class EnvRunner:
 
     def sample(self) -> list[Trajectory]:
         """One fragment of T steps from every env group."""
+        if self._envs_release_gil:
+            with no_gil_yield():
+                return self._sample()
+        return self._sample()
+
+    def _sample(self) -> list[Trajectory]:
         T = self.T
         params, version = self.param_store.get()
         if self.episode_callbacks is not None:

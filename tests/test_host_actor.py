@@ -1,6 +1,8 @@
 """host_actor.py: the NumPy act equals the networks' forward pass and samples the same
 distributions as the jitted act; which policies use it (``inference_backend``)."""
 
+import threading
+
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -262,3 +264,39 @@ def test_blas_is_held_at_one_thread_while_a_numpy_actor_runs():
     assert blas_threads() == before
     with small_config().env_runners(inference_backend="jax").build():
         assert blas_threads() == before  # the jitted act leaves BLAS alone
+
+
+def test_acting_yields_the_gil_unless_the_envs_release_it(monkeypatch):
+    # A NumPy act yields the GIL once per call (a pure-Python env's runner would keep it), but
+    # not for envpool, which releases it while its threads step (host_actor.no_gil_yield).
+    from impala_jax import host_actor
+    from tests.test_evaluation import ClockEnv
+
+    yields = []
+    monkeypatch.setattr(host_actor.os, "sched_yield", lambda: yields.append(1))
+    *_, params, _, _, host, space = _setup(sorted(CASES)[0])
+    obs, rng = _obs(space, 4), HostActor.key(0)
+    host(params, obs, rng)
+    assert len(yields) == 1
+    with host_actor.no_gil_yield():
+        host(params, obs, rng)
+        with host_actor.no_gil_yield():
+            host.greedy(params, obs)
+        host(params, obs, rng)  # the inner block restored the outer one's setting
+    assert len(yields) == 1
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(host(params, obs, rng)))
+    with host_actor.no_gil_yield():
+        thread.start()  # another thread's acting is its own: it yields
+        thread.join()
+    assert len(seen) == 1 and len(yields) == 2
+    host.greedy(params, obs)
+    assert len(yields) == 3
+
+    for env, releases in (("CartPole-v1", True), (ClockEnv, False)):
+        with small_config(env).build() as algo:
+            runner = algo.env_runner_group.local_runner
+            assert runner._envs_release_gil is releases
+            before = len(yields)
+            runner.sample()  # 8 steps: 8 act calls
+            assert len(yields) - before == (0 if releases else 8), env
