@@ -183,6 +183,11 @@ class EnvRunner:
         self._sizes = self.group_sizes(num_envs)
         self.groups: list[_Group] = []
         self._key = actor_key(seed, param_store.get()[0], act)
+        # A NumPy actor reads the params on the host, so it would wait for the learner step
+        # still computing newly published ones; in a runner thread (not lockstep, which must
+        # repeat exactly) it acts with the last ready params until they are (_params).
+        self._acting: tuple[Any, int] | None = None
+        self._waits_for_params = isinstance(act, HostActor) and config.num_env_runners > 0
         # A RecurrentActor (recurrent.py) when the policy is recurrent: rows carry its state.
         self._recurrent = act if hasattr(act, "initial_state") else None
         self._make_envs(seed)
@@ -281,9 +286,25 @@ class EnvRunner:
                 return self._sample()
         return self._sample()
 
+    def _params(self) -> tuple[Any, int]:
+        """(params, version) to act with for a fragment: the newest published, or for a NumPy
+        actor in a runner thread the ones it acted with until the newest are computed (a
+        fragment's version is what acted: policy lag counts the wait)."""
+        params, version = self.param_store.get()
+        acting = self._acting
+        if (
+            self._waits_for_params
+            and acting is not None
+            and version != acting[1]
+            and not all(x.is_ready() for x in jax.tree.leaves(params))
+        ):
+            return acting
+        self._acting = (params, version)
+        return params, version
+
     def _sample(self) -> list[Trajectory]:
         T = self.T
-        params, version = self.param_store.get()
+        params, version = self._params()
         if self.episode_callbacks is not None:
             self.episode_callbacks.begin(self.groups)  # new envs start their episodes
         bufs = []

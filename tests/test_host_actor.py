@@ -2,6 +2,7 @@
 distributions as the jitted act; which policies use it (``inference_backend``)."""
 
 import threading
+import types
 
 import gymnasium as gym
 import jax
@@ -300,3 +301,41 @@ def test_acting_yields_the_gil_unless_the_envs_release_it(monkeypatch):
             before = len(yields)
             runner.sample()  # 8 steps: 8 act calls
             assert len(yields) - before == (0 if releases else 8), env
+
+
+class _Leaf:
+    """A params leaf whose learner step is still computing it (is_ready False) or done."""
+
+    def __init__(self, ready: bool):
+        self.ready = ready
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+
+def test_a_numpy_actor_in_a_runner_thread_acts_with_computed_params_only():
+    # A NumPy actor reading params the learner step is still computing would wait for it (15 %
+    # of the runner thread's time in CartPole training); it acts with the last computed ones
+    # meanwhile, and each fragment's version is the one that acted.
+    from impala_jax.env_runner import EnvRunner
+
+    store = types.SimpleNamespace(value=({"w": _Leaf(True)}, 0))
+    store.get = lambda: store.value
+    runner = types.SimpleNamespace(param_store=store, _acting=None, _waits_for_params=True)
+    first = EnvRunner._params(runner)
+    assert first == store.value
+    pending = {"w": _Leaf(False)}
+    store.value = (pending, 1)
+    assert EnvRunner._params(runner) == first
+    assert EnvRunner._params(runner) == first
+    pending["w"].ready = True
+    assert EnvRunner._params(runner) == (pending, 1)
+    # The jitted act takes params still being computed (its program waits for them on the
+    # device), and lockstep takes the newest always (it must repeat exactly).
+    runner._waits_for_params, store.value = False, ({"w": _Leaf(False)}, 2)
+    assert EnvRunner._params(runner) == store.value
+
+    for backend, runners, waits in (("auto", 1, True), ("jax", 1, False), ("auto", 0, False)):
+        config = small_config(num_env_runners=runners).env_runners(inference_backend=backend)
+        with config.build() as algo:
+            assert [r._waits_for_params for r in algo.env_runner_group.runners] == [waits]
