@@ -56,6 +56,12 @@ def actor_key(seed: int, params, act=None):
     return jax.device_put(jax.random.key(seed), jax.tree.leaves(params)[0].sharding)
 
 
+# How many versions a NumPy actor's params may trail the newest published while those are
+# computed (EnvRunner._params): the learner dispatches steps ahead of their computation, and
+# without a bound the runner kept acting with params 31 versions old.
+MAX_ACTING_LAG = 2
+
+
 @jax.jit
 def _copy_leaves(leaves: list) -> list:
     """Fresh buffers holding ``leaves`` (on their devices): one dispatch for a whole tree."""
@@ -70,6 +76,7 @@ class ParamStore:
         self._lock = threading.Lock()
         self.version = 0
         self._params = self._to_actor(params)
+        self._previous: tuple[Any, int] = (None, -1)  # the publication before (get_computed)
 
     def _to_actor(self, params):
         # A copy, never an alias: the learner donates its buffers on the next step. One
@@ -92,12 +99,24 @@ class ParamStore:
     def publish(self, params) -> None:
         params = self._to_actor(params)
         with self._lock:
+            self._previous = (self._params, self.version)
             self._params = params
             self.version += 1
 
     def get(self) -> tuple[Any, int]:
         with self._lock:
             return self._params, self.version
+
+    def get_computed(self) -> tuple[Any, int] | None:
+        """The newest of the last two publications whose arrays are computed (the learner
+        publishes a step's params as it dispatches it, so the newest often are not yet; the
+        one before usually are), or None."""
+        with self._lock:
+            candidates = [(self._params, self.version), self._previous]
+        for params, version in candidates:
+            if params is not None and all(x.is_ready() for x in jax.tree.leaves(params)):
+                return params, version
+        return None
 
 
 class EnvOutputError(ValueError):
@@ -288,19 +307,18 @@ class EnvRunner:
 
     def _params(self) -> tuple[Any, int]:
         """(params, version) to act with for a fragment: the newest published, or for a NumPy
-        actor in a runner thread the ones it acted with until the newest are computed (a
-        fragment's version is what acted: policy lag counts the wait)."""
-        params, version = self.param_store.get()
-        acting = self._acting
-        if (
-            self._waits_for_params
-            and acting is not None
-            and version != acting[1]
-            and not all(x.is_ready() for x in jax.tree.leaves(params))
-        ):
-            return acting
-        self._acting = (params, version)
-        return params, version
+        actor in a runner thread the newest computed ones of the last two publications, else
+        those it acted with last, but never more than MAX_ACTING_LAG versions behind the
+        newest (then it waits for them). A fragment's version is what acted: policy lag
+        counts it."""
+        newest = self.param_store.get()
+        if not self._waits_for_params:
+            return newest
+        acting = self.param_store.get_computed() or self._acting
+        if acting is None or newest[1] - acting[1] > MAX_ACTING_LAG:
+            acting = newest
+        self._acting = acting
+        return acting
 
     def _sample(self) -> list[Trajectory]:
         T = self.T

@@ -313,27 +313,38 @@ class _Leaf:
         return self.ready
 
 
-def test_a_numpy_actor_in_a_runner_thread_acts_with_computed_params_only():
+def test_a_numpy_actor_in_a_runner_thread_acts_with_computed_params_only(monkeypatch):
     # A NumPy actor reading params the learner step is still computing would wait for it (15 %
-    # of the runner thread's time in CartPole training); it acts with the last computed ones
-    # meanwhile, and each fragment's version is the one that acted.
-    from impala_jax.env_runner import EnvRunner
+    # of the runner thread's time in CartPole training): it acts with the newest computed ones
+    # of the last two publications, else with those it acted with if at most MAX_ACTING_LAG
+    # versions behind; a fragment's version is the one that acted.
+    from impala_jax.env_runner import EnvRunner, ParamStore
 
-    store = types.SimpleNamespace(value=({"w": _Leaf(True)}, 0))
-    store.get = lambda: store.value
+    monkeypatch.setattr(ParamStore, "_to_actor", lambda self, params: params)
+    store = ParamStore({"w": _Leaf(True)}, None)
     runner = types.SimpleNamespace(param_store=store, _acting=None, _waits_for_params=True)
     first = EnvRunner._params(runner)
-    assert first == store.value
-    pending = {"w": _Leaf(False)}
-    store.value = (pending, 1)
-    assert EnvRunner._params(runner) == first
-    assert EnvRunner._params(runner) == first
-    pending["w"].ready = True
-    assert EnvRunner._params(runner) == (pending, 1)
+    assert first[1] == 0
+    one, two = {"w": _Leaf(False)}, {"w": _Leaf(False)}
+    store.publish(one)
+    assert EnvRunner._params(runner) == first  # version 1 is computing: version 0 acts
+    store.publish(two)
+    assert EnvRunner._params(runner) == first  # 0 is no longer kept, but is what acted
+    one["w"].ready = True
+    assert EnvRunner._params(runner) == (one, 1)  # the one before the newest, computed
+    two["w"].ready = True
+    assert EnvRunner._params(runner) == (two, 2)
+    store.publish({"w": _Leaf(False)})
+    assert EnvRunner._params(runner) == (two, 2)
+    store.publish({"w": _Leaf(False)})
+    assert EnvRunner._params(runner) == (two, 2)  # MAX_ACTING_LAG (2) behind the newest
+    store.publish({"w": _Leaf(False)})
+    assert EnvRunner._params(runner) == store.get()  # 3 behind: the newest, waited for
     # The jitted act takes params still being computed (its program waits for them on the
     # device), and lockstep takes the newest always (it must repeat exactly).
-    runner._waits_for_params, store.value = False, ({"w": _Leaf(False)}, 2)
-    assert EnvRunner._params(runner) == store.value
+    runner._waits_for_params = False
+    store.publish({"w": _Leaf(False)})
+    assert EnvRunner._params(runner) == store.get() and store.get()[1] == 6
 
     for backend, runners, waits in (("auto", 1, True), ("jax", 1, False), ("auto", 0, False)):
         config = small_config(num_env_runners=runners).env_runners(inference_backend=backend)
