@@ -204,7 +204,7 @@ class EnvRunner:
         self._key = actor_key(seed, param_store.get()[0], act)
         # A NumPy actor reads the params on the host, so it would wait for the learner step
         # still computing newly published ones; in a runner thread (not lockstep, which must
-        # repeat exactly) it acts with the last ready params until they are (_params).
+        # repeat exactly) it acts with computed ones at most MAX_ACTING_LAG behind (_params).
         self._acting: tuple[Any, int] | None = None
         self._waits_for_params = isinstance(act, HostActor) and config.num_env_runners > 0
         # A RecurrentActor (recurrent.py) when the policy is recurrent: rows carry its state.
