@@ -312,8 +312,8 @@ class EnvRunner:
         newest (then it waits for them). A fragment's version is what acted: policy lag
         counts it."""
         newest = self.param_store.get()
-        if not self._waits_for_params:
-            return newest
+        if not self._waits_for_params or (self._acting and self._acting[1] == newest[1]):
+            return newest  # nothing newer published: no arrays to check
         acting = self.param_store.get_computed() or self._acting
         if acting is None or newest[1] - acting[1] > MAX_ACTING_LAG:
             acting = newest
