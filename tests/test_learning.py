@@ -81,8 +81,8 @@ def test_rllib_doc_first_example():
     """The first example of RLlib's IMPALAConfig doc, verbatim but for the import.
 
     Its batch (512) does not split into fragments of the default rollout_fragment_length (50):
-    RLlib silently rounds, impala_jax refuses with a message that names the fix. With the fix
-    it builds, trains one iteration (RLlib's default min_time_s_per_iteration=10) and is deleted.
+    as RLlib does, the batch is rounded up to whole fragments (550), reported in the results. It
+    builds, trains one iteration (RLlib's default min_time_s_per_iteration=10) and is deleted.
     """
     from impala_jax import IMPALAConfig
 
@@ -93,12 +93,11 @@ def test_rllib_doc_first_example():
         .training(lr=0.0003, train_batch_size_per_learner=512)
         .learners(num_learners=1)
     )
-    with pytest.raises(ValueError, match="rollout_fragment_length=32"):
-        algo = config.build()
-    config.env_runners(rollout_fragment_length=32)
+    assert config.effective_train_batch_size_per_learner == 550
     # Build a Algorithm object from the config and run 1 training iteration.
     algo = config.build()
-    algo.train()
+    result = algo.train()
+    assert result["learners"]["default_policy"]["effective_train_batch_size_per_learner"] == 550
     del algo
 
 
