@@ -136,6 +136,64 @@ def test_mix_replay_draws_uniformly_from_filled_slots():
     assert int(replay.count[0]) == 3 * 4
 
 
+def _chi_square_ok(counts, expected):
+    # Pearson's statistic against a bound that a uniform draw exceeds with probability < 1e-4
+    # (the normal approximation of the chi-square's upper tail, z = 3.72).
+    counts = np.asarray(counts, np.float64)
+    dof = counts.size - 1
+    stat = float(np.sum((counts - expected) ** 2 / expected))
+    return stat < dof + 3.72 * np.sqrt(2 * dof), stat
+
+
+def test_shuffle_orders_are_uniform_permutations():
+    # The minibatch orders: every row a permutation of range(n), each of the n! orders drawn
+    # equally often, rows of one key independent of each other.
+    from impala_jax.learner import _permutations
+
+    keys = jax.random.split(jax.random.key(0), 12_000)
+    orders = np.asarray(jax.jit(jax.vmap(lambda k: _permutations(k, 2, 4)))(keys))
+    assert orders.shape == (12_000, 2, 4) and orders.dtype == np.int32
+    np.testing.assert_array_equal(
+        np.sort(orders, axis=-1), np.broadcast_to(np.arange(4), orders.shape)
+    )
+    codes = orders @ np.array([64, 16, 4, 1])  # one id per order
+    _, freq = np.unique(codes[:, 0], return_counts=True)
+    assert freq.size == 24
+    ok, stat = _chi_square_ok(freq, 12_000 / 24)
+    assert ok, stat
+    pair = np.unique(codes[:, 0] * 256 + codes[:, 1], return_counts=True)[1]
+    assert pair.size > 500  # of 576 pairs; the same order in both rows would give 24
+    # Large n (past jax.random.permutation's one-round limit of 1,625): still permutations.
+    big = np.asarray(_permutations(jax.random.key(1), 3, 5000))
+    np.testing.assert_array_equal(
+        np.sort(big, axis=-1), np.broadcast_to(np.arange(5000), big.shape)
+    )
+    assert len({tuple(row[:20]) for row in big}) == 3
+
+
+def test_replay_indices_are_uniform_below_the_span():
+    from impala_jax.learner import _uniform_index
+
+    draw = jax.jit(lambda k, span: _uniform_index(k, 70_000, span))
+    for span in (1, 7, 2560):
+        idx = np.asarray(draw(jax.random.key(span), jnp.int32(span)))
+        assert idx.dtype == np.int32 and idx.min() >= 0 and idx.max() < span
+        if span > 1:
+            ok, stat = _chi_square_ok(np.bincount(idx, minlength=span), 70_000 / span)
+            assert ok, (span, stat)
+
+
+def test_global_norm_is_optax_tree_norm():
+    import optax
+
+    from impala_jax.learner import _global_norm
+
+    rng = np.random.default_rng(0)
+    tree = {"a": rng.normal(size=(64, 64)), "b": {"c": rng.normal(size=3), "d": rng.normal()}}
+    tree = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+    np.testing.assert_allclose(_global_norm(tree), optax.tree.norm(tree), rtol=1e-6)
+
+
 @pytest.mark.timeout(120)
 def test_a_step_past_2_31_env_steps_reads_the_schedule_there():
     schedule = [[0, 1e-2], [3_000_000_000, 1e-2], [3_000_002_000, 0.0]]
