@@ -343,6 +343,28 @@ def test_non_finite_gradient_is_skipped_and_counted(opt_type):
     assert int(non_finite_count(state)) == 3
 
 
+def test_non_finite_guard_equals_optax_apply_if_finite():
+    # impala_jax's guard picks by jnp.where, optax's by lax.cond: the same updates and states
+    # over good, skipped and (past max_consecutive_non_finite) forced-through gradients.
+    from impala_jax import optim
+
+    spec = OptimizerSpec(lr=0.01, max_consecutive_non_finite=2)
+    ours = jax.jit(make_optimizer(spec).update)
+    theirs_tx = optax.apply_if_finite(optim._single(spec, spec.lr), 2)
+    theirs = jax.jit(theirs_tx.update)
+    params = _params()
+    state = ref_state = theirs_tx.init(params)
+    assert jax.tree.structure(make_optimizer(spec).init(params)) == jax.tree.structure(state)
+    for i, bad in enumerate([None, jnp.nan, jnp.inf, jnp.nan, None, jnp.nan, None]):
+        grads = _grads(i)
+        if bad is not None:
+            grads["pi"]["w"] = grads["pi"]["w"].at[0, 1].set(bad)
+        updates, state = ours(grads, state, params, env_steps=jnp.int32(i))
+        ref_updates, ref_state = theirs(grads, ref_state, params, env_steps=jnp.int32(i))
+        jax.tree.map(np.testing.assert_allclose, (updates, state), (ref_updates, ref_state))
+    assert int(non_finite_count(state)) == 4
+
+
 def _vf_params():
     params = _params()
     params["vf_encoder"] = {"w": jnp.asarray([1.0, -2.0], jnp.float32)}
