@@ -12,8 +12,9 @@ Chain (per parameter group when the vf optimizer is separate):
 
     clip (grad_clip_by) -> scale_by_{adam, rms} -> x(-lr(env_steps)) [-> momentum trace]
 
-all inside a non-finite guard (`optax.apply_if_finite`'s, by select), so a NaN or inf gradient leaves the
-params and every optimizer moment untouched and is counted (`non_finite_count`).
+all inside a non-finite guard (`optax.apply_if_finite`'s, choosing by select), so a NaN or inf
+gradient leaves the params and every optimizer moment untouched and is counted
+(`non_finite_count`).
 """
 
 from __future__ import annotations
@@ -254,9 +255,10 @@ def make_optimizer(spec: OptimizerSpec) -> optax.GradientTransformationExtraArgs
     group is clipped on its own (global norm over the group), as RLlib's old stack clipped each
     optimizer's parameters separately.
 
-    Everything sits inside `optax.apply_if_finite`'s guard (`_apply_if_finite`): an update whose gradient holds a NaN or inf
-    is skipped (zero update, inner state unchanged) and counted, unless more than
-    `max_consecutive_non_finite` such updates come in a row, after which it is applied.
+    Everything sits inside `optax.apply_if_finite`'s guard (`_apply_if_finite`): an update
+    whose gradient holds a NaN or inf is skipped (zero update, inner state unchanged) and
+    counted, unless more than `max_consecutive_non_finite` such updates come in a row, after
+    which it is applied.
     """
     if spec.separate_vf_optimizer:
         inner = optax.partition(
