@@ -256,7 +256,7 @@ def make_learner_step(
             metrics = dict(metrics, gradients_default_optimizer_global_norm=_global_norm(grads))
             if step_spec.log_gradients:  # static: no extra work in the program when off
                 for group, group_grads in grads.items():
-                    metrics[f"gradients_{group}_global_norm"] = optax.tree.norm(group_grads)
+                    metrics[f"gradients_{group}_global_norm"] = _global_norm(group_grads)
             updates, opt_state = optimizer.update(grads, opt_state, params, env_steps=env_steps)
             metrics.update(
                 _step_size_metrics(updates, params, optim.current_lr(opt_spec, env_steps))

@@ -283,14 +283,7 @@ def _apply_if_finite(
     taken.
     """
     inner = optax.with_extra_args_support(inner)
-
-    def init(params):
-        return optax.ApplyIfFiniteState(
-            notfinite_count=jnp.zeros([], jnp.int32),
-            last_finite=jnp.array(True, jnp.bool_),
-            total_notfinite=jnp.zeros([], jnp.int32),
-            inner_state=inner.init(params),
-        )
+    init = optax.apply_if_finite(inner, max_consecutive_errors).init  # the same state
 
     def update(updates, state, params=None, **extra_args):
         isfinite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(u)) for u in jax.tree.leaves(updates)]))
@@ -300,7 +293,7 @@ def _apply_if_finite(
         apply = jnp.logical_or(isfinite, notfinite_count > max_consecutive_errors)
         new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
         keep = lambda new, old: jnp.where(apply, new, old)  # noqa: E731
-        return jax.tree.map(lambda u: jnp.where(apply, u, jnp.zeros_like(u)), new_updates), (
+        return jax.tree.map(lambda u: jnp.where(apply, u, 0), new_updates), (
             optax.ApplyIfFiniteState(
                 notfinite_count=notfinite_count,
                 last_finite=isfinite,
