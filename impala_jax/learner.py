@@ -97,20 +97,41 @@ def _permutations(key, rows: int, n: int) -> jax.Array:
 
 
 def mix_replay(batch: Batch, replay: Replay, step_spec: StepSpec) -> tuple[Batch, Replay]:
-    """Appends ``replay_columns`` columns drawn uniformly from the filled slots, then writes
-    the new columns into the ring of slots (per device)."""
+    """Appends ``replay_columns`` columns drawn uniformly from the filled slots (as they were
+    before this batch), then writes the new columns into the ring of slots (per device).
+
+    Its cost is O(batch), not O(slots): see the comment on the write."""
     key, sample_key = jax.random.split(jax.random.wrap_key_data(replay.key[0]))
-    filled = jnp.minimum(replay.count[0], step_spec.replay_slots)
+    count, slots = replay.count[0], step_spec.replay_slots
+    filled = jnp.minimum(count, slots)
     idx = _uniform_index(sample_key, step_spec.replay_columns, jnp.maximum(filled, 1))
-    replayed = jax.tree.map(lambda x: _time_major(x[idx]), replay.data)
+    n_insert = min(step_spec.columns, slots)
+    pos = (count + jnp.arange(n_insert)) % slots
+    # The ring is written in place, then read: a read of the old ring that XLA cannot order
+    # before the write makes it copy the whole ring, twice, every step (O(slots), not
+    # O(batch)). So the slots about to be overwritten are read first, the write takes them as
+    # an operand (a dependency XLA keeps: `count >= 0` always holds, but it cannot know), and a
+    # draw that lands on an overwritten slot takes the saved column.
+    overwritten = jax.tree.map(lambda buf: buf[pos], replay.data)
+    keep = count >= 0
+    data = jax.tree.map(
+        lambda buf, x, old: buf.at[pos].set(jnp.where(keep, _time_major(x)[-n_insert:], old)),
+        replay.data,
+        batch,
+        overwritten,
+    )
+    ahead = (idx - count) % slots  # j where idx = pos[j] (when below n_insert)
+    saved = ahead < n_insert
+    row = jnp.minimum(ahead, n_insert - 1)
+
+    def draw(new_buf, old):
+        pick = saved.reshape(-1, *([1] * (new_buf.ndim - 1)))
+        return _time_major(jnp.where(pick, old[row], new_buf[idx]))
+
+    replayed = jax.tree.map(draw, data, overwritten)
     # Until the first insert the slots hold zeros: mask them out of the loss.
     replayed = replayed._replace(valid=replayed.valid * (filled > 0))
     mixed = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), batch, replayed)
-    n_insert = min(step_spec.columns, step_spec.replay_slots)
-    pos = (replay.count[0] + jnp.arange(n_insert)) % step_spec.replay_slots
-    data = jax.tree.map(
-        lambda buf, x: buf.at[pos].set(_time_major(x)[-n_insert:]), replay.data, batch
-    )
     return mixed, Replay(data, replay.count + n_insert, jax.random.key_data(key)[None])
 
 

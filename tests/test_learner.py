@@ -136,6 +136,89 @@ def test_mix_replay_draws_uniformly_from_filled_slots():
     assert int(replay.count[0]) == 3 * 4
 
 
+@pytest.mark.parametrize(
+    "slots,columns,replay_columns", [(8, 4, 4), (10, 4, 6), (4, 4, 4), (3, 4, 2)]
+)
+def test_mix_replay_is_draw_then_insert_exactly(slots, columns, replay_columns):
+    # A plain ring on the host: draw from the slots as they were, then write the batch's
+    # columns after the newest. The step writes first and reads after (so XLA need not copy
+    # the ring); draws that land on an overwritten slot must still see the old column. The
+    # sizes wrap the ring mid-insert (10 slots, 4 columns), overwrite every slot each step (4
+    # and 4), and insert only the last columns when the batch is wider than the ring (3, 4).
+    spec = StepSpec(
+        columns=columns,
+        replay_columns=replay_columns,
+        replay_slots=slots,
+        minibatch_columns=columns + replay_columns,
+        num_epochs=1,
+        shuffle=False,
+    )
+    from impala_jax.learner import _uniform_index
+
+    template = random_batch(b=columns)._replace(param_version=None)
+    ring = jax.tree.map(lambda x: np.zeros((slots, x.shape[0], *x.shape[2:]), x.dtype), template)
+    key = jax.random.key_data(jax.random.key(7))[None]
+    replay = Replay(jax.tree.map(jnp.asarray, ring), jnp.zeros((1,), jnp.int32), key)
+    mix = jax.jit(lambda b, r: mix_replay(b, r, spec), donate_argnums=1)
+    count, host_key = 0, np.asarray(key)
+    n_insert = min(columns, slots)
+    for step in range(9):
+        batch = random_batch(seed=100 + step, b=columns)._replace(param_version=None)
+        mixed, replay = mix(jax.tree.map(jnp.asarray, batch), replay)
+        new_key, sample_key = jax.random.split(jax.random.wrap_key_data(host_key[0]))
+        filled = min(count, slots)
+        idx = np.asarray(_uniform_index(sample_key, replay_columns, jnp.int32(max(filled, 1))))
+        expected = jax.tree.map(
+            lambda b, r, idx=idx: np.concatenate([b, np.swapaxes(r[idx], 0, 1)], 1), batch, ring
+        )
+        expected = expected._replace(
+            valid=np.concatenate(
+                [batch.valid, np.swapaxes(ring.valid[idx], 0, 1) * (filled > 0)], 1
+            )
+        )
+        pos = (count + np.arange(n_insert)) % slots
+        for buf, x in zip(jax.tree.leaves(ring), jax.tree.leaves(batch), strict=True):
+            buf[pos] = np.swapaxes(x, 0, 1)[-n_insert:]
+        count += n_insert
+        host_key = np.asarray(jax.random.key_data(new_key))[None]
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(mixed), expected)
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(replay.data), ring)
+        assert int(replay.count[0]) == count
+        np.testing.assert_array_equal(replay.key, host_key)
+
+
+@pytest.mark.timeout(120)
+def test_the_step_does_not_copy_the_replay_ring():
+    # Reading the old ring after (or unordered with) its in-place write made XLA copy every
+    # slot twice per step: 41 ms instead of 4.5 ms for CartPole's step with 256,000 slots.
+    slots = 1000
+    networks = make_networks({"fcnet_hiddens": [8]}, OBS, ACT)
+    step = StepSpec(
+        columns=B,
+        replay_columns=B,
+        replay_slots=slots,
+        minibatch_columns=2 * B,
+        num_epochs=1,
+        shuffle=False,
+    )
+    learner = Learner(
+        networks,
+        make_distribution(ACT),
+        OptimizerSpec(lr=1e-2),
+        LossSpec(0.99, 0.5, 0.01, 1.0, 1.0, None),
+        step,
+        jax.devices()[:1],
+        jax.random.key(0),
+    )
+    batch = learner.put_batch(random_batch())
+    learner.init_replay(batch)
+    env_steps = jnp.zeros((2,), jnp.float32)
+    text = learner._step.lower(learner.state, batch, learner.replay, env_steps).compile().as_text()
+    ring_copies = [line for line in text.splitlines() if f"[{slots}," in line and " copy(" in line]
+    assert not ring_copies, ring_copies[:3]
+    learner.update(batch, env_steps=0)  # and the step runs
+
+
 def _chi_square_ok(counts, expected):
     # Pearson's statistic against a bound that a uniform draw exceeds with probability < 1e-4
     # (the normal approximation of the chi-square's upper tail, z = 3.72).
