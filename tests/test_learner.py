@@ -35,11 +35,11 @@ def random_batch(seed=0, b=B):
     )
 
 
-def make_learner(num_devices, num_epochs=1, minibatches=1):
+def make_learner(num_devices, num_epochs=1, minibatches=1, step=None):
     model = {"fcnet_hiddens": [8]}
     networks = make_networks(model, OBS, ACT)
     columns = B // num_devices
-    step = StepSpec(
+    step = step or StepSpec(
         columns=columns,
         replay_columns=0,
         replay_slots=0,
@@ -192,24 +192,7 @@ def test_the_step_does_not_copy_the_replay_ring():
     # Reading the old ring after (or unordered with) its in-place write made XLA copy every
     # slot twice per step: 41 ms instead of 4.5 ms for CartPole's step with 256,000 slots.
     slots = 1000
-    networks = make_networks({"fcnet_hiddens": [8]}, OBS, ACT)
-    step = StepSpec(
-        columns=B,
-        replay_columns=B,
-        replay_slots=slots,
-        minibatch_columns=2 * B,
-        num_epochs=1,
-        shuffle=False,
-    )
-    learner = Learner(
-        networks,
-        make_distribution(ACT),
-        OptimizerSpec(lr=1e-2),
-        LossSpec(0.99, 0.5, 0.01, 1.0, 1.0, None),
-        step,
-        jax.devices()[:1],
-        jax.random.key(0),
-    )
+    learner = make_learner(1, step=StepSpec(B, B, slots, 2 * B, num_epochs=1, shuffle=False))
     batch = learner.put_batch(random_batch())
     learner.init_replay(batch)
     env_steps = jnp.zeros((2,), jnp.float32)
