@@ -162,9 +162,8 @@ def _step_size_metrics(updates, params, lr) -> dict[str, jax.Array]:
 
 
 def _feature_metrics(features: jax.Array) -> dict[str, jax.Array]:
-    """Whether the policy's encoder still tells observations apart, over the observations the
-    (mini)batch's loss is differentiated at, on every learner device (reset rows too; not the
-    bootstrap row).
+    """Whether the policy's encoder still tells observations apart, over the (mini)batch's
+    observations on every learner device (every row, reset and bootstrap rows too).
 
     ``encoder_dead_unit_fraction``: the share of the encoder's output units that are <= 0 for
     every observation (a dead ReLU: it passes no gradient and carries nothing).
@@ -208,24 +207,16 @@ def make_learner_step(
                 batch.reset,
                 networks.max_seq_len,
             )
-            dist_inputs = dist_inputs.reshape(t1, b, -1)[:-1]
-            values = values.reshape(t1, b)
             features = None
         else:
-            # The loss differentiates the policy and the value at obs[0..T-1] only: V(obs[T])
-            # is V-trace's bootstrap, a constant target. Applied on its own under stop_gradient,
-            # the bootstrap row stays out of the backward pass, where it would get a zero
-            # cotangent that XLA cannot see (CartPole's step: ~8 % less CPU).
-            t = t1 - 1
             dist_inputs, values, features = networks.apply(
-                params, batch.obs[:t].reshape(t * b, *batch.obs.shape[2:]), with_features=True
+                params, batch.obs.reshape(t1 * b, *batch.obs.shape[2:]), with_features=True
             )
-            _, bootstrap_value = networks.apply(jax.lax.stop_gradient(params), batch.obs[t])
-            dist_inputs = dist_inputs.reshape(t, b, -1)
-            values = jnp.concatenate([values.reshape(t, b), bootstrap_value.reshape(1, b)])
+        dist_inputs = dist_inputs.reshape(t1, b, -1)
+        values = values.reshape(t1, b)
         discount_t = loss_spec.gamma * (1.0 - batch.terminated.astype(jnp.float32))
         loss, metrics = losses.impala_loss(
-            dist_inputs,
+            dist_inputs[:-1],
             values,
             batch.behaviour_logits,
             batch.action,

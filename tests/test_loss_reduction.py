@@ -214,7 +214,7 @@ def test_feature_diagnostics_tell_a_blind_encoder_from_a_seeing_one():
     batch = random_batch(3)
     learner = _relu_learner()
     params = jax.device_get(learner.state.params)
-    rows = batch.obs[:-1].reshape(-1, batch.obs.shape[-1])  # the bootstrap row is not trained on
+    rows = batch.obs.reshape(-1, batch.obs.shape[-1])
     _, _, features = RELU_NETWORKS.apply(params, rows, with_features=True)
     features = np.asarray(features)
     _, _, metrics = _params_delta(learner, batch)
