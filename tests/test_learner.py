@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from impala_jax.distributions import make_distribution
-from impala_jax.learner import Learner, LossSpec, Replay, StepSpec, mix_replay
+from impala_jax.learner import Learner, LossSpec, Replay, StepSpec, _uniform_index, mix_replay
 from impala_jax.networks import make_networks
 from impala_jax.optim import OptimizerSpec
 from impala_jax.types import Trajectory
@@ -153,7 +153,6 @@ def test_mix_replay_is_draw_then_insert_exactly(slots, columns, replay_columns):
         num_epochs=1,
         shuffle=False,
     )
-    from impala_jax.learner import _uniform_index
 
     template = random_batch(b=columns)._replace(param_version=None)
     ring = jax.tree.map(lambda x: np.zeros((slots, x.shape[0], *x.shape[2:]), x.dtype), template)
@@ -238,7 +237,6 @@ def test_shuffle_orders_are_uniform_permutations():
 
 
 def test_replay_indices_are_uniform_below_the_span():
-    from impala_jax.learner import _uniform_index
 
     draw = jax.jit(lambda k, span: _uniform_index(k, 70_000, span))
     for span in (1, 7, 2560):
