@@ -360,6 +360,9 @@ class Learner:
         from here on, beside the initial state's compilation rather than after it."""
         self.mesh = parallel.make_mesh(devices)
         self.num_devices = len(devices)
+        self._host_batches = (
+            len(devices) == 1 and devices[0].platform == "cpu" and jax.process_count() == 1
+        )
         self.step_spec = step_spec
         self.optimizer = optim.make_optimizer(opt_spec)
 
@@ -467,8 +470,16 @@ class Learner:
         self.replay = parallel.put(replay, self.mesh, parallel.LEADING)
 
     def put_batch(self, batch: Batch) -> Batch:
-        """Host batch -> device batch split along B (time-major axis 1)."""
-        return parallel.put(batch._replace(param_version=None), self.mesh, parallel.TIME_MAJOR)
+        """Host batch -> device batch split along B (time-major axis 1).
+
+        On one CPU device the host arrays are returned as they are: the step's own dispatch
+        places them, in C++, for ~30 us more than a device batch, where ``jax.device_put``
+        holds the GIL ~0.5 ms per batch in the loader thread, time the runner thread waits
+        for (1.12x CartPole training, benchmarks/README.md, tenth pass)."""
+        batch = batch._replace(param_version=None)
+        if self._host_batches:
+            return batch
+        return parallel.put(batch, self.mesh, parallel.TIME_MAJOR)
 
     def warm_up(self, example: Batch) -> None:
         """Compiles the step ahead of time in a background thread, from shapes alone.
@@ -479,7 +490,10 @@ class Learner:
         and the runners' first fragments instead of delaying the first update. Over several
         processes it also keeps collectives out of a thread of their own (nothing runs).
         """
-        device_batch = self.put_batch(example)
+        # Compiled for the device layout whichever put_batch returns: the same program.
+        device_batch = parallel.put(
+            example._replace(param_version=None), self.mesh, parallel.TIME_MAJOR
+        )
         self._compiled_for = _layout(device_batch)
         self._replay_like = self._abstract_replay(device_batch)
         args = (self._abstract_state, device_batch, self._replay_like)

@@ -224,9 +224,10 @@ class CachedProgram:
 
 
 def _abstract(x) -> jax.ShapeDtypeStruct:
-    # An uncommitted array (jnp.zeros(...) on the default device) goes wherever the program
-    # runs, as under jax.jit; only committed ones pin the export's input sharding.
-    sharding = x.sharding if getattr(x, "committed", True) else None
+    # An uncommitted array (jnp.zeros(...) on the default device) or a host array goes
+    # wherever the program runs, as under jax.jit; only committed ones pin the export's input
+    # sharding.
+    sharding = getattr(x, "sharding", None) if getattr(x, "committed", True) else None
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=_weak(x))
 
 

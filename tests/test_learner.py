@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from impala_jax import parallel
 from impala_jax.distributions import make_distribution
 from impala_jax.learner import Learner, LossSpec, Replay, StepSpec, _uniform_index, mix_replay
 from impala_jax.networks import make_networks
@@ -83,6 +84,33 @@ def test_two_devices_give_the_same_update_as_one(num_epochs, minibatches):
         # Minibatches are per-device column blocks: with 2 devices a minibatch holds columns
         # from both halves, so only the full-batch case is the same update.
         assert np.isfinite(m2["total_loss"])
+
+
+@pytest.mark.timeout(120)
+def test_one_cpu_device_steps_on_host_batches_as_on_device_batches():
+    # On one CPU device put_batch hands the host arrays to the step, whose dispatch places
+    # them (no jax.device_put holding the GIL in the loader thread); the update must be the
+    # one a device-placed batch gives, ahead-of-time compiled or not.
+    results = []
+    for placed in (False, True):
+        for ahead_of_time in (False, True):
+            learner = make_learner(1)
+            if ahead_of_time:
+                learner.warm_up(random_batch())
+            for seed in range(3):
+                batch = random_batch(seed)
+                given = learner.put_batch(batch)
+                assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(given))
+                if placed:
+                    given = parallel.put(given, learner.mesh, parallel.TIME_MAJOR)
+                metrics = learner.update(given, env_steps=seed)
+            assert (learner._compiled is not None) == ahead_of_time
+            results.append(jax.device_get((learner.state.params, metrics)))
+    for other in results[1:]:
+        jax.tree.map(np.testing.assert_array_equal, results[0], other)
+    # Over two devices the batch is split onto them as before.
+    split = make_learner(2).put_batch(random_batch())
+    assert all(len(x.sharding.device_set) == 2 for x in jax.tree.leaves(split))
 
 
 @pytest.mark.timeout(120)
