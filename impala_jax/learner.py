@@ -473,9 +473,9 @@ class Learner:
         """Host batch -> device batch split along B (time-major axis 1).
 
         On one CPU device the host arrays are returned as they are: the step's own dispatch
-        places them, in C++, for ~30 us more than a device batch, where ``jax.device_put``
-        holds the GIL ~0.5 ms per batch in the loader thread, time the runner thread waits
-        for (1.12x CartPole training, benchmarks/README.md, tenth pass)."""
+        places them, in C++, in about the time it takes with a device batch, while
+        ``jax.device_put`` holds the GIL ~0.5 ms per batch in the loader thread, time the
+        runner thread waits for (1.12x CartPole training, benchmarks/README.md, tenth pass)."""
         batch = batch._replace(param_version=None)
         if self._host_batches:
             return batch
