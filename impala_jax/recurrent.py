@@ -168,7 +168,9 @@ def make_recurrent_networks(
         # into it from the rows before), otherwise the carried one.
         chunk_start = jnp.arange(rows) % max_seq_len == 0
         chunk_index = jnp.arange(rows) // max_seq_len
-        stored = jax.lax.stop_gradient(stored)
+        # jnp arrays: a batch on one CPU device holds host arrays (Learner.put_batch), which
+        # a traced row index cannot index.
+        stored = jax.lax.stop_gradient(jax.tree.map(jnp.asarray, stored))
 
         def body(state, xs):
             f, a, r, done, start, k = xs
