@@ -5,7 +5,8 @@ are Ray Tune's, so tools that read Tune's trial directories read these too: ``re
 holds one JSON object per line, ``progress.csv`` the flattened slash keys, the TensorBoard
 scalars one tag per numeric flattened key (step: ``num_env_steps_sampled_lifetime``).
 
-Nothing here imports JAX; matplotlib and wandb are imported by their writers only.
+Nothing here imports JAX; wandb is imported by its writer only, matplotlib by the process that
+draws the learning curve (curve.py).
 """
 
 from __future__ import annotations
@@ -13,32 +14,34 @@ from __future__ import annotations
 import csv
 import datetime
 import json
+import logging
 import math
 import os
 import socket
-import threading
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from impala_jax import curve
+from impala_jax.curve import (  # noqa: F401  (plot_curve: the notebooks draw with it)
+    RETURN_KEY,
+    RUNNER_STEPS_KEY,
+    STEPS_KEY,
+    plot_curve,
+    step_budget,
+)
 from impala_jax.metrics import flatten, lookup
+
+logger = logging.getLogger(__name__)
 
 RESULT_FILE = "result.json"
 PROGRESS_FILE = "progress.csv"
 PARAMS_FILE = "params.json"
 CURVE_FILE = "learning_curve.png"
-IMPORT_WAIT_S = 60.0  # longest wait for the curve plotter's matplotlib import
-RETURN_KEY = "env_runners/episode_return_mean"
-STEPS_KEY = "num_env_steps_sampled_lifetime"
-# RLlib's spelling of the same count (its example scripts' step budget).
-RUNNER_STEPS_KEY = "env_runners/num_env_steps_sampled_lifetime"
-
-
-def step_budget(stop: Mapping[str, Any]) -> float | None:
-    """The env-step budget of a stop dict, under either spelling (the smaller if both)."""
-    budgets = [stop[k] for k in (STEPS_KEY, RUNNER_STEPS_KEY) if k in stop]
-    return min(budgets) if budgets else None
 
 
 def json_safe(value: Any) -> Any:
@@ -223,13 +226,12 @@ class TensorBoardLogger:
 class CurvePlotter:
     """``learning_curve.png``: return mean (with the min-max band) against env steps.
 
-    Drawn first ``interval_s`` seconds after it is opened, then at most every ``interval_s``
-    seconds (a draw costs ~0.1-0.3 s, too much for every short iteration), and always at
-    ``close()``. matplotlib is imported by a thread of its own as the plotter opens: in the
-    training loop's thread that import (0.4-1.0 s on 2 cores) stalled the learner at the first
-    iteration, a tenth of a 10 s CartPole run. The stop threshold on the return, and the
-    env-step budget, are drawn as dashed lines. The history is read back from result.json on
-    resume.
+    Drawn by a process of its own (impala_jax/curve.py says why), fed one point per result:
+    first ``interval_s`` seconds after the plotter opens, then at most every ``interval_s``
+    seconds (a draw costs ~0.1-0.3 s), and always at ``close()``, which waits for the final
+    curve. If that process cannot start, stops reading or fails, the curve is drawn in this
+    process instead, with a warning. The stop threshold on the return, and the env-step
+    budget, are drawn as dashed lines. The history is read back from result.json on resume.
     """
 
     def __init__(
@@ -244,15 +246,32 @@ class CurvePlotter:
         self.stop = dict(stop or {})
         self.title = title
         self.interval_s = interval_s
-        self._points: list[tuple[float, float, float, float, float]] = []
+        self._points: list[curve.Point] = []
         self._last_draw = time.monotonic()  # the first draw waits interval_s too
-        self._import = threading.Thread(
-            target=_import_matplotlib, name="impala_jax-matplotlib-import", daemon=True
-        )
-        self._import.start()
         self._dirty = False
+        self._pending = bytearray()  # for the drawing process, once its pipe takes it
+        self._stderr = tempfile.TemporaryFile()
+        self._proc = self._start()
         for result in history:
             self._add(result)
+
+    def _start(self) -> subprocess.Popen | None:
+        spec = {"path": str(self.path), "stop": json_safe(self.stop), "title": self.title}
+        try:
+            # -P keeps curve.py's folder (impala_jax/, whose types.py would shadow the standard
+            # library's) off the drawing process's sys.path.
+            proc = subprocess.Popen(
+                [sys.executable, "-P", curve.__file__, json.dumps(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=self._stderr,
+            )
+        except OSError as err:
+            self._fall_back(f"could not start ({err})")
+            return None
+        # Never blocks the training loop: what the pipe does not take now waits in _pending.
+        os.set_blocking(proc.stdin.fileno(), False)
+        return proc
 
     def _add(self, result: Mapping) -> None:
         def get(key: str) -> float:
@@ -265,6 +284,7 @@ class CurvePlotter:
         evaluation = get("evaluation/" + RETURN_KEY)
         self._points.append((steps, mean, low, high, evaluation))
         self._dirty = True
+        self._send({"point": self._points[-1]})
 
     def write(self, result: Mapping) -> None:
         self._add(result)
@@ -272,59 +292,80 @@ class CurvePlotter:
             self.draw()
 
     def draw(self) -> None:
-        # Bounded: if the import thread is stuck, the import below does it (or raises).
-        self._import.join(timeout=IMPORT_WAIT_S)
-        Figure = _import_matplotlib()
-
-        fig = Figure(figsize=(7, 4.2), dpi=100, layout="constrained")
-        ax = fig.add_subplot()
-        plot_curve(ax, self._points, self.stop)
-        if self.title:
-            ax.set_title(self.title)
-        tmp = self.path.with_name(f".{self.path.stem}.tmp.png")
-        fig.savefig(tmp)
-        os.replace(tmp, self.path)
+        self._send({"draw": True})
+        if self._proc is None:  # never started, or failed
+            curve.draw(self.path, self._points, self.stop, self.title)
         self._last_draw = time.monotonic()
         self._dirty = False
 
+    def _send(self, message: dict) -> None:
+        if self._proc is None:
+            return
+        self._pending += (json.dumps(message) + "\n").encode()
+        try:
+            written = os.write(self._proc.stdin.fileno(), self._pending)
+        except BlockingIOError:  # the pipe is full: the process is drawing
+            written = 0
+        except OSError as err:  # the process has gone
+            self._stop_process(f"stopped reading its input ({err})")
+            return
+        del self._pending[:written]
+        if len(self._pending) > PLOTTER_BACKLOG_BYTES:
+            self._stop_process(f"left {len(self._pending):,} bytes of its input unread")
+
     def close(self) -> None:
-        if self._dirty or not self.path.exists():
-            self.draw()
+        if self._proc is not None:
+            self._finish()
+        if self._proc is None and (self._dirty or not self.path.exists()):
+            curve.draw(self.path, self._points, self.stop, self.title)
+        self._dirty = False
+        if not self._stderr.closed:
+            self._stderr.close()
+
+    def _finish(self) -> None:
+        """Ends the drawing process's input and waits, bounded, for its final curve."""
+        proc = self._proc
+        try:
+            os.set_blocking(proc.stdin.fileno(), True)
+            proc.stdin.write(self._pending)
+            proc.stdin.close()
+            code = proc.wait(timeout=PLOTTER_CLOSE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self._stop_process(f"did not finish the curve within {PLOTTER_CLOSE_WAIT_S:.0f} s")
+            return
+        except OSError as err:
+            self._stop_process(f"stopped reading its input ({err})")
+            return
+        if code != 0:
+            self._stop_process(f"failed (exit code {code})")
+            return
+        self._proc = None
+        self._dirty = False
+
+    def _stop_process(self, why: str) -> None:
+        proc, self._proc = self._proc, None
+        proc.kill()
+        proc.wait()
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass  # its unwritten input goes with it
+        self._fall_back(why)
+
+    def _fall_back(self, why: str) -> None:
+        self._stderr.seek(0)
+        tail = self._stderr.read()[-2000:].decode(errors="replace").strip()
+        logger.warning(
+            "the process drawing %s %s; the curve is drawn in the training process instead%s",
+            self.path,
+            why,
+            f". Its output:\n{tail}" if tail else "",
+        )
 
 
-def _import_matplotlib():
-    """matplotlib's Figure, with the file-only Agg backend (never a window)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # harmless if already set
-    from matplotlib.figure import Figure
-
-    return Figure
-
-
-def plot_curve(ax, points: list[tuple], stop: Mapping[str, Any] | None = None) -> None:
-    """Draws ``(steps, mean, min, max, eval_mean)`` points and the stop thresholds on ``ax``.
-
-    Shared by the PNG writer and the notebook, which draws inline.
-    """
-    stop = dict(stop or {})
-    points = [p for p in points if math.isfinite(p[0])]
-    steps = [p[0] for p in points]
-    ax.fill_between(
-        steps, [p[2] for p in points], [p[3] for p in points], alpha=0.2, label="min-max"
-    )
-    ax.plot(steps, [p[1] for p in points], label="episode return mean")
-    if any(math.isfinite(p[4]) for p in points):
-        ax.plot(steps, [p[4] for p in points], "o-", ms=3, label="evaluation return mean")
-    if RETURN_KEY in stop:
-        ax.axhline(float(stop[RETURN_KEY]), ls="--", color="tab:red", label="stop threshold")
-    budget = step_budget(stop)
-    if budget is not None:
-        ax.axvline(float(budget), ls=":", color="gray", label="env-step budget")
-    ax.set_xlabel("env steps sampled")
-    ax.set_ylabel("return")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")
+# Input the drawing process has left unread before it counts as stuck (a point is ~90 bytes).
+PLOTTER_BACKLOG_BYTES = 1 << 20
+PLOTTER_CLOSE_WAIT_S = 60.0
 
 
 class WandbLogger:

@@ -172,29 +172,123 @@ def test_tensorboard_and_curve(tmp_path):
     assert matplotlib.image.imread(tmp_path / "learning_curve.png").ndim == 3
 
 
-def test_the_curve_waits_its_interval_and_matplotlib_imports_beside_training(tmp_path):
-    # The first draw waits interval_s like every later one, and matplotlib is imported by the
-    # plotter's own thread as it opens, not by the training loop's first write.
+def _wait_for(predicate, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(0.02)
+
+
+def test_the_curve_is_drawn_by_a_process_of_its_own_after_its_interval(tmp_path):
+    # The first draw waits interval_s like every later one; the drawing process draws it, and
+    # the training process never imports matplotlib (its import held the GIL the runner needs).
     code = f"""
-import sys
+import sys, time
 from impala_jax import loggers
 curve = loggers.CurvePlotter(__import__("pathlib").Path({str(tmp_path)!r}), interval_s=600)
-curve._import.join(timeout=60)
-assert "matplotlib.figure" in sys.modules
 r = {{"num_env_steps_sampled_lifetime": 100, "env_runners": {{"episode_return_mean": 1.0}}}}
 curve.write(r)
+time.sleep(2.0)
 assert not curve.path.exists()
 curve._last_draw -= 600  # the interval has passed
 curve.write(r)
-assert curve.path.exists()
+deadline = time.monotonic() + 60
+while not curve.path.exists():
+    assert time.monotonic() < deadline, "no curve 60 s after the draw request"
+    time.sleep(0.02)
+assert not curve._dirty
 curve.path.unlink()
-curve.close()
-assert curve.path.exists()
+curve.close()  # nothing new since the draw, but the file is gone: drawn again
+assert curve.path.exists() and curve._proc is None
+assert "matplotlib" not in sys.modules
 """
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr == ""  # no fallback warning
+
+
+def _points(n: int) -> list[dict]:
+    return [
+        {"num_env_steps_sampled_lifetime": 100 * i, "env_runners": {"episode_return_mean": i}}
+        for i in range(1, n + 1)
+    ]
+
+
+def test_a_training_process_that_dies_still_leaves_its_curve(tmp_path):
+    # Every point goes to the drawing process as it comes: at the end of its input (the
+    # training process gone, without close()) it draws them all.
+    code = f"""
+import os
+from impala_jax import loggers
+curve = loggers.CurvePlotter(__import__("pathlib").Path({str(tmp_path)!r}), interval_s=600)
+for r in {_points(3)!r}:
+    curve.write(r)
+print(curve._proc.pid, flush=True)
+os._exit(0)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pid = int(proc.stdout)
+    _wait_for(lambda: not Path(f"/proc/{pid}").exists(), "the drawing process to exit")
+    assert (tmp_path / loggers.CURVE_FILE).stat().st_size > 0
+
+
+@pytest.mark.parametrize("failure", ["exits", "cannot start", "hangs"])
+def test_a_failed_drawing_process_leaves_the_curve_to_the_training_process(
+    tmp_path, monkeypatch, caplog, failure
+):
+    import matplotlib.image
+
+    if failure == "cannot start":
+        monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    elif failure == "exits":  # a drawing process that fails at once, with an error message
+        monkeypatch.setattr(loggers.curve, "__file__", str(tmp_path / "missing.py"))
+    else:  # one that never reads its input: close() waits its bound, then draws here
+        monkeypatch.setattr(loggers, "PLOTTER_CLOSE_WAIT_S", 1.0)
+        script = tmp_path / "hang.py"
+        script.write_text("import time\ntime.sleep(600)\n")
+        monkeypatch.setattr(loggers.curve, "__file__", str(script))
+    curve = loggers.CurvePlotter(tmp_path, interval_s=600)
+    for r in _points(2):
+        curve.write(r)
+    started = time.monotonic()
+    curve.close()
+    assert time.monotonic() - started < 30
+    assert curve._proc is None
+    assert matplotlib.image.imread(curve.path).ndim == 3
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "impala_jax.loggers"]
+    assert "drawn in the training process instead" in warning
+    why = {
+        "cannot start": ["could not start"],
+        # Gone before or after the points were written to it.
+        "exits": ["failed (exit code 2)", "stopped reading its input"],
+        "hangs": ["did not finish the curve within 1 s"],
+    }[failure]
+    assert any(w in warning for w in why), warning
+    if failure == "exits":
+        assert "missing.py" in warning  # the process's own error output
+
+
+def test_a_stuck_drawing_process_never_blocks_the_training_loop(tmp_path, monkeypatch, caplog):
+    # Its input is written without blocking; past the backlog bound it is stopped and the
+    # curve drawn here.
+    script = tmp_path / "hang.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    monkeypatch.setattr(loggers.curve, "__file__", str(script))
+    monkeypatch.setattr(loggers, "PLOTTER_BACKLOG_BYTES", 100_000)  # above the pipe's 64 KiB
+    curve = loggers.CurvePlotter(tmp_path, interval_s=600)
+    started = time.monotonic()
+    for r in _points(5000):  # ~250 KB of points
+        curve.write(r)
+    assert time.monotonic() - started < 30
+    assert curve._proc is None
+    assert any("left" in r.getMessage() and "unread" in r.getMessage() for r in caplog.records)
+    curve.close()
+    assert curve.path.exists()
 
 
 def test_wandb_missing_message(monkeypatch):

@@ -1,0 +1,119 @@
+"""``learning_curve.png``: what is drawn, and the process that draws it for the CLI.
+
+The CLI's plotter (loggers.CurvePlotter) runs this file as a process of its own
+(``python -P curve.py SPEC``) and writes one JSON line per point to its stdin, and a draw
+request at most every ``interval_s``. End of input draws the final curve, so the curve of a
+run whose process died holds every point written before it died.
+
+Why a process: matplotlib's import is 0.4-0.6 s of Python. In a thread of the training process
+it held the GIL that the runner thread needs after every envpool call, and a warm CartPole run
+sampled 13-18 K env steps in its first two iterations instead of 60-110 K
+(benchmarks/README.md, eleventh pass). Each draw (0.1-0.3 s) holds it too.
+
+Nothing here imports impala_jax or JAX (the drawing process loads this file alone), and
+matplotlib only where a figure is drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+RETURN_KEY = "env_runners/episode_return_mean"
+STEPS_KEY = "num_env_steps_sampled_lifetime"
+# RLlib's spelling of the same count (its example scripts' step budget).
+RUNNER_STEPS_KEY = "env_runners/num_env_steps_sampled_lifetime"
+
+# A point: (env steps, return mean, return min, return max, evaluation return mean); NaN where
+# a result has no such number.
+Point = tuple[float, float, float, float, float]
+
+
+def step_budget(stop: Mapping[str, Any]) -> float | None:
+    """The env-step budget of a stop dict, under either spelling (the smaller if both)."""
+    budgets = [stop[k] for k in (STEPS_KEY, RUNNER_STEPS_KEY) if k in stop]
+    return min(budgets) if budgets else None
+
+
+def plot_curve(ax, points: list[Point], stop: Mapping[str, Any] | None = None) -> None:
+    """Draws ``(steps, mean, min, max, eval_mean)`` points and the stop thresholds on ``ax``.
+
+    Shared by the PNG and the notebook, which draws inline.
+    """
+    stop = dict(stop or {})
+    points = [p for p in points if math.isfinite(p[0])]
+    steps = [p[0] for p in points]
+    ax.fill_between(
+        steps, [p[2] for p in points], [p[3] for p in points], alpha=0.2, label="min-max"
+    )
+    ax.plot(steps, [p[1] for p in points], label="episode return mean")
+    if any(math.isfinite(p[4]) for p in points):
+        ax.plot(steps, [p[4] for p in points], "o-", ms=3, label="evaluation return mean")
+    if RETURN_KEY in stop:
+        ax.axhline(float(stop[RETURN_KEY]), ls="--", color="tab:red", label="stop threshold")
+    budget = step_budget(stop)
+    if budget is not None:
+        ax.axvline(float(budget), ls=":", color="gray", label="env-step budget")
+    ax.set_xlabel("env steps sampled")
+    ax.set_ylabel("return")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+
+
+def figure_class():
+    """matplotlib's Figure, with the file-only Agg backend (never a window)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # harmless if already set
+    from matplotlib.figure import Figure
+
+    return Figure
+
+
+def draw(path: Path, points: list[Point], stop: Mapping[str, Any], title: str) -> None:
+    """Writes the curve to ``path`` (replaced whole: a reader never sees half a PNG)."""
+    fig = figure_class()(figsize=(7, 4.2), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    plot_curve(ax, points, stop)
+    if title:
+        ax.set_title(title)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp)
+    os.replace(tmp, path)
+
+
+def serve(lines, path: Path, stop: Mapping[str, Any], title: str) -> None:
+    """The drawing process's loop over its input lines: ``{"point": [...]}`` adds a point,
+    ``{"draw": true}`` draws; at the end of input the curve is drawn unless it already holds
+    every point."""
+    figure_class()  # the import, while the run starts, rather than at the first draw
+    points: list[Point] = []
+    drawn = -1  # points in the file
+    for line in lines:
+        message = json.loads(line)
+        if "point" in message:
+            points.append(tuple(float(x) for x in message["point"]))
+        if message.get("draw"):
+            draw(path, points, stop, title)
+            drawn = len(points)
+    if drawn != len(points) or not path.exists():
+        draw(path, points, stop, title)
+
+
+def main(argv: list[str]) -> int:
+    # The CLI handles Ctrl-C itself (a checkpoint, then the final curve): the terminal's SIGINT
+    # reaches this process too, which must keep going until its input ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    spec = json.loads(argv[0])
+    serve(sys.stdin, Path(spec["path"]), spec["stop"], spec["title"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
