@@ -266,7 +266,7 @@ class CurvePlotter:
                 stdout=subprocess.DEVNULL,
                 stderr=self._stderr,
             )
-        except OSError as err:
+        except (OSError, ValueError, TypeError) as err:  # TypeError: no sys.executable
             self._fall_back(f"could not start ({err})")
             return None
         # Never blocks the training loop: what the pipe does not take now waits in _pending.
@@ -353,6 +353,9 @@ class CurvePlotter:
         self._fall_back(why)
 
     def _fall_back(self, why: str) -> None:
+        """From here on the curve is drawn in this process, the next time in full (whatever
+        the drawing process drew last may lack points it was sent)."""
+        self._dirty = True
         self._stderr.seek(0)
         tail = self._stderr.read()[-2000:].decode(errors="replace").strip()
         logger.warning(

@@ -273,6 +273,31 @@ def test_a_failed_drawing_process_leaves_the_curve_to_the_training_process(
         assert "missing.py" in warning  # the process's own error output
 
 
+def test_after_its_drawing_process_fails_the_curve_is_drawn_in_full_here(tmp_path, monkeypatch):
+    # A plotter process that wrote a (stand-in) curve at a draw request, then failed: the
+    # file it left must not stand as the final curve.
+    import matplotlib.image
+
+    script = tmp_path / "draws_once.py"
+    script.write_text(
+        "import json, sys\n"
+        "spec = json.loads(sys.argv[1])\n"
+        "for line in sys.stdin:\n"
+        "    if json.loads(line).get('draw'):\n"
+        "        open(spec['path'], 'w').write('not a png')\n"
+        "        sys.exit(3)\n"
+    )
+    monkeypatch.setattr(loggers.curve, "__file__", str(script))
+    curve = loggers.CurvePlotter(tmp_path, interval_s=600)
+    for r in _points(2):
+        curve.write(r)
+    curve.draw()
+    _wait_for(lambda: curve.path.exists(), "the stand-in curve")
+    curve.close()  # nothing new since the draw request, but the process failed
+    assert curve._proc is None
+    assert matplotlib.image.imread(curve.path).ndim == 3
+
+
 def test_a_stuck_drawing_process_never_blocks_the_training_loop(tmp_path, monkeypatch, caplog):
     # Its input is written without blocking; past the backlog bound it is stopped and the
     # curve drawn here.
