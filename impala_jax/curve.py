@@ -106,14 +106,16 @@ def serve(lines, path: Path, stop: Mapping[str, Any], title: str) -> None:
         draw(path, points, stop, title)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> None:
     # The CLI handles Ctrl-C itself (a checkpoint, then the final curve): the terminal's SIGINT
     # reaches this process too, which must keep going until its input ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     spec = json.loads(argv[0])
     serve(sys.stdin, Path(spec["path"]), spec["stop"], spec["title"])
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])
+    # The curve is on disk. The interpreter's teardown (matplotlib's modules) would only add
+    # to what the training process's close() waits for.
+    os._exit(0)
