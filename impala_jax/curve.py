@@ -110,6 +110,11 @@ def main(argv: list[str]) -> None:
     # The CLI handles Ctrl-C itself (a checkpoint, then the final curve): the terminal's SIGINT
     # reaches this process too, which must keep going until its input ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Training first: on 2 cores the import and the draws otherwise take CPU from the runner
+    # and the learner (warm CartPole launches to a fixed 300 K env steps, 20 pairs: median
+    # -0.14 s, faster in 12). The final draw comes when training has stopped and the cores
+    # are free.
+    os.nice(10)
     spec = json.loads(argv[0])
     serve(sys.stdin, Path(spec["path"]), spec["stop"], spec["title"])
 
