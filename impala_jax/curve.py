@@ -96,7 +96,10 @@ def serve(lines, path: Path, stop: Mapping[str, Any], title: str) -> None:
     points: list[Point] = []
     drawn = -1  # points in the file
     for line in lines:
-        message = json.loads(line)
+        try:
+            message = json.loads(line)
+        except ValueError:  # the last line, cut short when the training process died
+            continue
         if "point" in message:
             points.append(tuple(float(x) for x in message["point"]))
         if message.get("draw"):

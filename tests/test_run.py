@@ -238,6 +238,18 @@ os._exit(0)
     assert matplotlib.image.imread(path).ndim == 3
 
 
+def test_the_drawing_process_skips_a_line_cut_short_and_draws_the_rest(tmp_path):
+    # A training process that died mid-write leaves half a line at the end of the input.
+    import matplotlib.image
+
+    from impala_jax import curve
+
+    lines = ['{"point": [100, 1, 0, 2, NaN]}\n', '{"point": [200, 2, 1, 3, NaN]}\n', '{"poi']
+    path = tmp_path / "curve.png"
+    curve.serve(lines, path, {}, "cut")
+    assert matplotlib.image.imread(path).ndim == 3
+
+
 @pytest.mark.parametrize("failure", ["exits", "cannot start", "hangs"])
 def test_a_failed_drawing_process_leaves_the_curve_to_the_training_process(
     tmp_path, monkeypatch, caplog, failure
