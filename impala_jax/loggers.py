@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -324,12 +325,18 @@ class CurvePlotter:
 
     def _finish(self) -> None:
         """Ends the drawing process's input and waits, bounded, for its final curve."""
-        proc = self._proc
+        proc, fd = self._proc, self._proc.stdin.fileno()
+        deadline = time.monotonic() + PLOTTER_CLOSE_WAIT_S
         try:
-            os.set_blocking(proc.stdin.fileno(), True)
-            proc.stdin.write(self._pending)
+            while self._pending:  # a process that stopped reading must not block this write
+                if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+                    raise subprocess.TimeoutExpired(proc.args, PLOTTER_CLOSE_WAIT_S)
+                try:
+                    del self._pending[: os.write(fd, self._pending)]
+                except BlockingIOError:
+                    pass
             proc.stdin.close()
-            code = proc.wait(timeout=PLOTTER_CLOSE_WAIT_S)
+            code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self._stop_process(f"did not finish the curve within {PLOTTER_CLOSE_WAIT_S:.0f} s")
             return

@@ -311,6 +311,28 @@ def test_after_its_drawing_process_fails_the_curve_is_drawn_in_full_here(tmp_pat
     assert matplotlib.image.imread(curve.path).ndim == 3
 
 
+def test_closing_on_a_stuck_drawing_process_with_a_full_pipe_keeps_its_bound(
+    tmp_path, monkeypatch, caplog
+):
+    # More unread input than the pipe holds (but under the backlog bound) at close(): the
+    # rest is written within PLOTTER_CLOSE_WAIT_S too, never by a blocking write.
+    import matplotlib.image
+
+    script = tmp_path / "hang.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    monkeypatch.setattr(loggers.curve, "__file__", str(script))
+    monkeypatch.setattr(loggers, "PLOTTER_CLOSE_WAIT_S", 1.0)
+    curve = loggers.CurvePlotter(tmp_path, interval_s=600)
+    for r in _points(3000):  # ~150 KB of points
+        curve.write(r)
+    assert curve._proc is not None and len(curve._pending) > 0
+    started = time.monotonic()
+    curve.close()
+    assert time.monotonic() - started < 30
+    assert matplotlib.image.imread(curve.path).ndim == 3
+    assert any("within 1 s" in r.getMessage() for r in caplog.records)
+
+
 def test_a_stuck_drawing_process_never_blocks_the_training_loop(tmp_path, monkeypatch, caplog):
     # Its input is written without blocking; past the backlog bound it is stopped and the
     # curve drawn here.
