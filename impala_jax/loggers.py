@@ -320,8 +320,7 @@ class CurvePlotter:
         if self._proc is None and (self._dirty or not self.path.exists()):
             curve.draw(self.path, self._points, self.stop, self.title)
         self._dirty = False
-        if not self._stderr.closed:
-            self._stderr.close()
+        self._stderr.close()
 
     def _finish(self) -> None:
         """Ends the drawing process's input and waits, bounded, for its final curve."""
@@ -347,16 +346,12 @@ class CurvePlotter:
             self._stop_process(f"failed (exit code {code})")
             return
         self._proc = None
-        self._dirty = False
 
     def _stop_process(self, why: str) -> None:
         proc, self._proc = self._proc, None
         proc.kill()
         proc.wait()
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass  # its unwritten input goes with it
+        proc.stdin.close()  # nothing buffered: every write went to the fd (os.write)
         self._fall_back(why)
 
     def _fall_back(self, why: str) -> None:
