@@ -3,12 +3,13 @@
 ``--env cartpole`` trains with ``experiments/cartpole.py``'s config; ``--env pong`` trains Atari
 Pong (envpool ``Pong-v5``, frameskip 4) with a small CPU config. After a warm-up iteration
 (compilation), rounds alternate: raw envpool stepping of the same number of envs with random
-actions (one ``envpool.make(..., num_envs=N)``, synchronous ``step``: the machine's ceiling;
-the goal's reference), the same env stepped through envpool's C++ binding as impala_jax's runner
-steps it (``_send``/``_recv``, without envpool's Python layer: reported beside it, so that the
-runner's use of the binding is not counted as beating envpool), then the compute-only loop
-(below), then ``train()`` iterations. Ratios are taken per round and
-their medians reported, with the per-stage time breakdown from the result dicts' ``timers`` and
+actions (one ``envpool.make(..., num_envs=N)``, synchronous ``step``, on envpool's default
+threads and on the runner's: the faster is the machine's ceiling and the goal's reference), the
+same envs stepped through envpool's C++ binding as impala_jax's runner steps them
+(``_send``/``_recv``, without envpool's Python layer, on the runner's envpool threads: reported
+beside it, so that the runner's use of the binding is not counted as beating envpool), then the
+compute-only loop (below), then ``train()`` iterations. Ratios are taken per round and their
+medians reported, with the per-stage time breakdown from the result dicts' ``timers`` and
 ``perf``.
 
 The compute-only reference runs the algorithm's own programs on synthetic data of the training
@@ -20,6 +21,13 @@ nothing else running; with raw envpool stepping it gives the machine's ceiling,
 ``min(raw envpool, compute-only)``, and every end-to-end figure is also reported as a fraction
 of that ceiling, measured in the same round.
 
+Each reference and the training iterations are also timed in CPU seconds of the whole process
+(every thread: envpool's, XLA's, the runner's), per env step. Two throughputs follow from them,
+at 100 % of the process's cores: training's own CPU per env step, and the pieces' alone (the
+binding's stepping plus the compute-only loop, with none of the runner's bookkeeping). A figure
+that training cannot reach at its CPU cost, or that the pieces alone cannot reach, is bounded
+by this machine's cores, not by how the work is scheduled.
+
 While raw envpool runs, the paused algorithm's runner thread fills the bounded learner queue
 and then blocks, so after a short settling pause the raw figure is not shared with it; the
 first iteration after each pause is run but not counted.
@@ -27,6 +35,8 @@ first iteration after each pause is run but not counted.
 
 from __future__ import annotations
 
+import math
+import os
 import resource
 import time
 
@@ -71,59 +81,72 @@ def pong_config(quick: bool, envs=16, threads=1, encoder="nature_cnn", batch=160
     )
 
 
-def raw_envpool(env_id: str, num_envs: int, seconds: float, env=None, num_threads: int = 0):
-    """Random-action env steps/s of one synchronous envpool batch of ``num_envs`` on
-    ``num_threads`` envpool threads (0: envpool's default)."""
+def cpu_s() -> float:
+    """CPU seconds of this process so far, every thread's."""
+    t = os.times()
+    return t.user + t.system
+
+
+def make_envpool(env_id: str, num_envs: int, num_threads: int):
+    """One synchronous envpool batch of ``num_envs``, reset."""
     import envpool
 
+    env = envpool.make(
+        env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        batch_size=num_envs,
+        seed=12345,
+        num_threads=num_threads,
+    )
+    env.reset()
+    return env
+
+
+def raw_envpool(env_id: str, num_envs: int, seconds: float, env=None, num_threads: int = 0):
+    """(env steps/s, CPU s per env step, env): random actions on one synchronous envpool batch
+    of ``num_envs`` on ``num_threads`` envpool threads (0: envpool's default)."""
     if env is None:
-        env = envpool.make(
-            env_id,
-            env_type="gymnasium",
-            num_envs=num_envs,
-            batch_size=num_envs,
-            seed=12345,
-            num_threads=num_threads,
-        )
-        env.reset()
+        env = make_envpool(env_id, num_envs, num_threads)
     n_actions = env.action_space.n
     rng = np.random.default_rng(0)
     actions = [rng.integers(0, n_actions, num_envs).astype(np.int32) for _ in range(64)]
     steps = 0
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_s()
     while (elapsed := time.perf_counter() - started) < seconds:
         for a in actions[:8]:
             env.step(a)
         steps += 8
         actions.append(actions.pop(0))
-    return steps * num_envs / elapsed, env
+    return steps * num_envs / elapsed, (cpu_s() - cpu) / (steps * num_envs), env
 
 
-def raw_binding(env, num_envs: int, seconds: float) -> float:
-    """Random-action env steps/s of ``env`` (raw_envpool's) stepped through envpool's C++
-    binding, as impala_jax's runner steps it (envs.EnvpoolVecEnv): the same loop without
-    envpool's Python send and recv."""
+def raw_binding(env, num_envs: int, seconds: float) -> tuple[float, float]:
+    """(env steps/s, CPU s per env step) of random actions on ``env`` stepped through envpool's
+    C++ binding, as impala_jax's runner steps it (envs.EnvpoolVecEnv): raw_envpool's loop
+    without envpool's Python send and recv."""
     from impala_jax.envs import _binding_layout
 
     layout = _binding_layout(env)
     if layout is None:
-        return float("nan")
+        return float("nan"), float("nan")
     rng = np.random.default_rng(1)
     actions = [rng.integers(0, env.action_space.n, num_envs) for _ in range(8)]
     ids = np.arange(num_envs, dtype=np.int32)
     steps = 0
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_s()
     while (elapsed := time.perf_counter() - started) < seconds:
         for a in actions:
             env._send([ids.copy(), ids, a.astype(layout.action_dtype, order="C")])
             env._recv()
         steps += len(actions)
-    return steps * num_envs / elapsed
+    return steps * num_envs / elapsed, (cpu_s() - cpu) / (steps * num_envs)
 
 
-def compute_only(algo, seconds: float) -> float:
-    """Env steps/s of the algorithm's ``act`` and learner step alone, on zeros of the training
-    shapes (see the module docstring); the learner's own state is not touched."""
+def compute_only(algo, seconds: float) -> tuple[float, float]:
+    """(env steps/s, CPU s per env step) of the algorithm's ``act`` and learner step alone, on
+    zeros of the training shapes (see the module docstring); the learner's own state is not
+    touched."""
     import jax
 
     from impala_jax.env_runner import actor_key
@@ -157,12 +180,13 @@ def compute_only(algo, seconds: float) -> float:
 
     state, replay, key, metrics = one_batch(state, replay, key)  # compiled already; warm it
     jax.block_until_ready(metrics)
-    batches, started = 0, time.perf_counter()
+    batches, started, cpu = 0, time.perf_counter(), cpu_s()
     while time.perf_counter() - started < seconds or batches == 0:
         state, replay, key, metrics = one_batch(state, replay, key)
         jax.block_until_ready(metrics)
         batches += 1
-    return batches * batch_steps / (time.perf_counter() - started)
+    steps = batches * batch_steps
+    return steps / (time.perf_counter() - started), (cpu_s() - cpu) / steps
 
 
 def measure(
@@ -176,28 +200,55 @@ def measure(
         started = time.perf_counter()
         warm = algo.train()  # compiles act and the learner step
         warmup_s = time.perf_counter() - started
+        # Raw envpool runs on envpool's default thread count (0: one per core) and, where that
+        # differs, on the runner's (envs.make_vec_env's rule); the faster is the reference.
+        # On 2 cores the default's two threads beside the stepping thread fall for seconds at a
+        # time from ~800 K to ~350 K CartPole env steps/s (at 2.5x the CPU per env step), where
+        # one thread holds 710-820 K (2026-12-05): a reference that halves at random would make
+        # the ratio a count of its slow rounds.
+        runner_threads = max(1, math.ceil(config.num_cpus_per_env_runner))
+        default_threads = runner_threads if runner_threads > 1 else 0
         env = None
+        runner_env = make_envpool(env_id, num_envs, runner_threads)
         per_round, results = [], []
         for r in range(rounds):
             if r and time.perf_counter() - started > budget_s:
                 break  # a slow learner (a CNN on CPU) gets fewer rounds, not a timeout
             time.sleep(settle_s)
-            threads = config.num_cpus_per_env_runner if config.num_cpus_per_env_runner > 1 else 0
-            raw, env = raw_envpool(env_id, num_envs, raw_s, env, threads)
-            binding = raw_binding(env, num_envs, raw_s)
-            compute = compute_only(algo, raw_s)
+            cpu = {}  # CPU s per env step
+            raw_default, cpu_default, env = raw_envpool(
+                env_id, num_envs, raw_s, env, default_threads
+            )
+            raw_runner, cpu_runner = raw_default, cpu_default
+            if default_threads != runner_threads:
+                raw_runner, cpu_runner, _ = raw_envpool(
+                    env_id, num_envs, raw_s, runner_env, runner_threads
+                )
+            raw = max(raw_default, raw_runner)
+            cpu["raw_envpool"] = cpu_default if raw == raw_default else cpu_runner
+            # The binding on the runner's threads: its CPU per env step is what the runner's
+            # stepping costs.
+            binding, cpu["raw_binding"] = raw_binding(runner_env, num_envs, raw_s)
+            compute, cpu["compute_only"] = compute_only(algo, raw_s)
             ceiling = min(raw, compute)
             # The first iteration after the pause carries the runner's blocked put and a full
             # queue: it is run but not counted.
-            its = [algo.train() for _ in range(iters + 1)][1:]
+            algo.train()
+            c4 = cpu_s()
+            its = [algo.train() for _ in range(iters)]
+            c5 = cpu_s()
             results.extend(its)
             sampled = sum(x["env_runners"]["num_env_steps_sampled"] for x in its)
+            cpu["train"] = (c5 - c4) / sampled
             trained = sum(x["learners"]["default_policy"]["num_env_steps_trained"] for x in its)
             wall = sum(x["time_this_iter_s"] for x in its)
             per_round.append(
                 {
                     "round": r,
                     "raw_envpool_steps_per_s": raw,
+                    "raw_envpool_default_threads_steps_per_s": raw_default,
+                    "raw_envpool_runner_threads_steps_per_s": raw_runner,
+                    "ratio_sampled_to_raw_default_threads": sampled / wall / raw_default,
                     "train_env_steps_sampled_per_s": sampled / wall,
                     "train_env_steps_trained_per_s": trained / wall,
                     "ratio_sampled_to_raw": sampled / wall / raw,
@@ -208,9 +259,12 @@ def measure(
                     "ceiling_bound_by": "envpool" if raw <= compute else "compute",
                     "ratio_sampled_to_ceiling": sampled / wall / ceiling,
                     "episode_return_mean": its[-1]["env_runners"]["episode_return_mean"],
+                    "cpu_us_per_env_step": {k: v * 1e6 for k, v in cpu.items()},
+                    "train_cores_used": (c5 - c4) / wall,
                 }
             )
         env.close()
+        runner_env.close()
     finally:
         algo.stop()
     wall = sum(x["time_this_iter_s"] for x in results)
@@ -228,6 +282,17 @@ def measure(
         if isinstance(results[0]["perf"][k], int | float)
     }
     pick = lambda key: [p[key] for p in per_round]
+    cores = len(os.sched_getaffinity(0))
+    cpu_us = {
+        k: common.median([p["cpu_us_per_env_step"][k] for p in per_round])
+        for k in per_round[0]["cpu_us_per_env_step"]
+    }
+    raw_median = common.median(pick("raw_envpool_steps_per_s"))
+    # Env steps/s with every core busy at the measured CPU cost per env step.
+    at_full_cores = {
+        "train": cores / cpu_us["train"] * 1e6,
+        "pieces": cores / (cpu_us["raw_binding"] + cpu_us["compute_only"]) * 1e6,
+    }
     return {
         "env_id": env_id,
         "num_envs": num_envs,
@@ -240,13 +305,20 @@ def measure(
         "rounds": per_round,
         "train_env_steps_per_s": common.median(pick("train_env_steps_sampled_per_s")),
         "train_env_steps_trained_per_s": common.median(pick("train_env_steps_trained_per_s")),
-        "raw_envpool_steps_per_s": common.median(pick("raw_envpool_steps_per_s")),
+        "raw_envpool_steps_per_s": raw_median,
         "ratio_to_raw": common.median(pick("ratio_sampled_to_raw")),
+        "envpool_threads": {"default": default_threads, "runner": runner_threads},
+        "ratio_to_raw_default_threads": common.median(pick("ratio_sampled_to_raw_default_threads")),
         "raw_binding_steps_per_s": common.median(pick("raw_binding_steps_per_s")),
         "ratio_to_raw_binding": common.median(pick("ratio_sampled_to_raw_binding")),
         "compute_only_steps_per_s": common.median(pick("compute_only_steps_per_s")),
         "ceiling_steps_per_s": common.median(pick("ceiling_steps_per_s")),
         "ratio_to_ceiling": common.median(pick("ratio_sampled_to_ceiling")),
+        "cores": cores,
+        "cpu_us_per_env_step": cpu_us,
+        "train_cores_used": common.median(pick("train_cores_used")),
+        "steps_per_s_at_full_cores": at_full_cores,
+        "ratio_to_raw_at_full_cores": {k: v / raw_median for k, v in at_full_cores.items()},
         "stage_breakdown": breakdown,
         "perf_median": perf,
         "peak_rss_mib_this_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -321,6 +393,14 @@ def main(argv=None) -> dict:
                 "bound by",
             ],
         )
+    )
+    cpu_us, full = out["cpu_us_per_env_step"], out["ratio_to_raw_at_full_cores"]
+    print(
+        f"CPU us per env step (whole process): raw envpool {cpu_us['raw_envpool']:.2f}, "
+        f"binding {cpu_us['raw_binding']:.2f}, compute-only {cpu_us['compute_only']:.2f}, "
+        f"training {cpu_us['train']:.2f} on {out['train_cores_used']:.2f} of "
+        f"{out['cores']} cores. With every core busy: training's cost allows "
+        f"{full['train']:.2f} of raw envpool, the pieces alone {full['pieces']:.2f}."
     )
     breakdown = out["stage_breakdown"]
     print(
