@@ -316,8 +316,8 @@ class CurvePlotter:
 
     def close(self) -> None:
         if self._proc is not None:
-            self._finish()
-        if self._proc is None and (self._dirty or not self.path.exists()):
+            self._finish()  # the final curve, or a fallback (then _dirty is set)
+        if self._dirty or not self.path.exists():
             curve.draw(self.path, self._points, self.stop, self.title)
         self._dirty = False
         self._stderr.close()
@@ -346,6 +346,7 @@ class CurvePlotter:
             self._stop_process(f"failed (exit code {code})")
             return
         self._proc = None
+        self._dirty = False  # its final curve holds every point
 
     def _stop_process(self, why: str) -> None:
         proc, self._proc = self._proc, None

@@ -209,6 +209,28 @@ assert "matplotlib" not in sys.modules
     assert proc.stderr == ""  # no fallback warning
 
 
+def test_close_leaves_the_final_curve_to_the_drawing_process(tmp_path):
+    # Points written after the last draw request: the drawing process's final curve holds them,
+    # and close() does not draw it a second time in the training process.
+    code = f"""
+import sys
+from impala_jax import loggers
+curve = loggers.CurvePlotter(__import__("pathlib").Path({str(tmp_path)!r}), interval_s=600)
+for i in range(1, 4):
+    returns = {{"episode_return_mean": i}}
+    curve.write({{"num_env_steps_sampled_lifetime": 100 * i, "env_runners": returns}})
+assert curve._dirty
+curve.close()
+assert curve.path.exists() and not curve._dirty
+assert "matplotlib" not in sys.modules
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr == ""  # no fallback warning
+
+
 def _points(n: int) -> list[dict]:
     return [
         {"num_env_steps_sampled_lifetime": 100 * i, "env_runners": {"episode_return_mean": i}}
