@@ -130,7 +130,7 @@ def run_python(
 
 def load_experiment(path: Path = CARTPOLE_EXPERIMENT):
     """``(config, stop)`` of an experiment file, loaded the way ``impala_jax.run`` loads it."""
-    from impala_jax.experiment import load_experiment as load
+    from impala_jax.cli.experiment import load_experiment as load
 
     return load(str(path))
 

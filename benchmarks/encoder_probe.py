@@ -4,7 +4,7 @@ Pong needs the policy to tell whether the ball is above or below the paddle, fro
 objects cover a few pixels of a constant background. This probe asks exactly that, without RL:
 synthetic Pong-like frame stacks (background 87, a 2 x 2 ball and a 6 x 2 paddle at 236, the grey
 levels of envpool's Pong at 84 x 84), labelled by the ball's column against the paddle's (left,
-under, right); impala_jax's own network (`impala_jax.networks.make_networks`, the encoder under
+under, right); impala_jax's own network (`impala_jax.core.networks.make_networks`, the encoder under
 test and the policy head) is trained on them with softmax cross-entropy and Adam, 64 frames per
 step, and the held-out accuracy is printed every `--every` steps. A chance-level accuracy after
 hundreds of steps means the policy gradient, a far noisier signal, will not find the relation
@@ -64,7 +64,7 @@ def main(argv=None) -> list[dict]:
     import numpy as np
     import optax
 
-    from impala_jax.networks import make_networks
+    from impala_jax.core.networks import make_networks
 
     rng = np.random.default_rng(args.seed)
     x_train, y_train = frames(rng, 4096, args.size)

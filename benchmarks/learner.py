@@ -44,7 +44,7 @@ SLOW_STEP_S = 5.0
 def make_batch(kind: str, b: int, seed: int = 0):
     import numpy as np
 
-    from impala_jax.types import Trajectory
+    from impala_jax.core.types import Trajectory
 
     rng = np.random.default_rng(seed)
     if kind.startswith("cartpole"):
@@ -83,12 +83,12 @@ def make_learner(kind: str, model_config: dict, b: int, num_devices: int):
     import jax
     import numpy as np
 
-    from impala_jax.config_checks import merge_model_config
-    from impala_jax.distributions import make_distribution
-    from impala_jax.learner import Learner, LossSpec, StepSpec
-    from impala_jax.networks import make_networks
-    from impala_jax.optim import OptimizerSpec
-    from impala_jax.recurrent import make_recurrent_networks
+    from impala_jax.core.distributions import make_distribution
+    from impala_jax.core.networks import make_networks
+    from impala_jax.core.optim import OptimizerSpec
+    from impala_jax.core.recurrent import make_recurrent_networks
+    from impala_jax.rllib.config_checks import merge_model_config
+    from impala_jax.runtime.learner import Learner, LossSpec, StepSpec
 
     if kind.startswith("cartpole"):
         obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)

@@ -3,7 +3,7 @@
 Issue 17 asks impala_jax's Pong to reach a return above -18 within 1 M env steps on 2 CPU
 cores. This loop answers whether a different, well-tried algorithm gets there on the same env
 (envpool Pong-v5, the same preprocessing and frame size as the run it is compared with) and the
-same network (impala_jax's Nature CNN, built by `impala_jax.networks.make_networks`). Nothing
+same network (impala_jax's Nature CNN, built by `impala_jax.core.networks.make_networks`). Nothing
 else of impala_jax is used: one thread, envpool stepped in lockstep with a jitted policy, then
 PPO's update (Schulman et al. 2017, arXiv:1707.06347, its Atari settings: GAE gamma 0.99,
 lambda 0.95, 4 epochs of 4 minibatches, clip 0.1, value 0.5 (unclipped here), entropy 0.01,
@@ -41,7 +41,7 @@ def main(argv=None) -> list[dict]:
     import numpy as np
     import optax
 
-    from impala_jax.networks import make_networks
+    from impala_jax.core.networks import make_networks
 
     n, T = args.num_envs, args.T
     gamma, lam, clip, vf_coeff, ent_coeff = 0.99, 0.95, 0.1, 0.5, args.entropy_coeff

@@ -78,7 +78,7 @@ def _poison_next_update(learner) -> None:
 
 def run(minutes: float, kill_every: float, nan_every: float, checkpoints: bool = True) -> dict:
     """``kill_every`` / ``nan_every`` <= 0 turn that fault off; ``checkpoints`` the saves."""
-    from impala_jax import checkpoint
+    from impala_jax.runtime import checkpoint
 
     config = (
         common.load_experiment()[0]

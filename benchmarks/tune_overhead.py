@@ -32,13 +32,13 @@ _STARTED = time.perf_counter()  # a child's stages are timed from its module's i
 
 def _child(mode: str, seed: int, out: str) -> None:
     """One measured run; writes its figures as JSON to `out`."""
-    from impala_jax.experiment import load_experiment, stop_reached
+    from impala_jax.cli.experiment import load_experiment, stop_reached
 
     config, stop = load_experiment(common.CARTPOLE_EXPERIMENT)
     stages = {"imports_s": time.perf_counter() - _STARTED}
     config.debugging(seed=seed)
     if mode == "direct":
-        from impala_jax.jax_setup import enable_compile_cache
+        from impala_jax.runtime.jax_setup import enable_compile_cache
 
         enable_compile_cache(os.environ["IMPALA_JAX_COMPILE_CACHE"])
         with config.build() as algo:

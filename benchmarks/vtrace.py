@@ -1,4 +1,4 @@
-"""V-trace: ``impala_jax.vtrace.vtrace`` vs ``rlax.vtrace_td_error_and_advantage`` vmapped over B.
+"""V-trace: ``impala_jax.core.vtrace.vtrace`` vs ``rlax.vtrace_td_error_and_advantage`` vmapped over B.
 
 Both are jitted and compiled before timing; each timing sample is a burst of calls ended by
 ``block_until_ready``; the two implementations alternate sample by sample, and the figure per
@@ -15,7 +15,7 @@ import numpy as np
 import rlax
 
 from benchmarks import common
-from impala_jax.vtrace import vtrace
+from impala_jax.core.vtrace import vtrace
 
 SIZES = [(20, 32), (20, 256), (20, 1024), (50, 256), (100, 1024), (20, 4096)]
 QUICK_SIZES = [(20, 32), (20, 1024), (20, 4096)]

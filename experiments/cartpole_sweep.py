@@ -4,7 +4,7 @@
     python -m impala_jax.run experiments/cartpole_sweep.py --ray-address auto   # a cluster
 
 The config is cartpole.py's (loaded from it) with two search spaces, so the CLI runs it as a sweep
-(impala_jax/sweep.py): a grid over ``lr`` and over ``fcnet_hiddens`` inside ``model_config``,
+(impala_jax/cli/sweep.py): a grid over ``lr`` and over ``fcnet_hiddens`` inside ``model_config``,
 each trial stopped at a mean return of 450 or after 3M env steps. It shows how sensitive
 CartPole's time to 450 is to the learning rate (cartpole.py picked 0.001 for stability, see
 its comments) and whether a smaller network learns as fast. At the end the CLI prints one line
@@ -13,7 +13,7 @@ checkpoint; runs/cartpole_sweep_TIMESTAMP/tune/ holds Tune's experiment, which
 notebooks/sweep_analysis.ipynb plots (``IMPALA_JAX_SWEEP=runs/cartpole_sweep_TIMESTAMP``).
 
 Each trial asks Ray for 2 CPUs (the main process and learner, plus one runner thread:
-impala_jax.ray_tune.trial_resources), so a 2-core machine runs the trials one after another and
+impala_jax.rllib.ray_tune.trial_resources), so a 2-core machine runs the trials one after another and
 a machine with 8 cores runs all four at once.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ray import tune
 
-from impala_jax.experiment import load_experiment
+from impala_jax.cli.experiment import load_experiment
 
 # cartpole.py's config and stop, with two of its settings swept.
 config, stop = load_experiment(Path(__file__).with_name("cartpole.py"))

@@ -1,7 +1,7 @@
 """impala_jax: IMPALA in JAX/Flax/optax behind Ray RLlib's IMPALAConfig."""
 
-from impala_jax import tune_hook
-from impala_jax.config import IMPALAConfig, NotProvided
+from impala_jax.rllib import tune_hook
+from impala_jax.rllib.config import IMPALAConfig, NotProvided
 
 __all__ = ["IMPALA", "IMPALAConfig", "NotProvided", "register_env"]
 
@@ -14,11 +14,11 @@ tune_hook.install()
 def __getattr__(name: str):
     # IMPALA is imported on first use, so `import impala_jax` stays light (no jax/flax/envpool).
     if name == "IMPALA":
-        from impala_jax.algorithm import IMPALA
+        from impala_jax.rllib.algorithm import IMPALA
 
         return IMPALA
     if name == "register_env":  # RLlib's ray.tune.register_env, without ray
-        from impala_jax.envs import register_env
+        from impala_jax.runtime.envs import register_env
 
         return register_env
     raise AttributeError(f"module 'impala_jax' has no attribute {name!r}")

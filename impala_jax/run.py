@@ -37,12 +37,12 @@ with the same counters and appends to the same logs, dropping what was logged af
 checkpoint.
 
 A config that holds Ray Tune search spaces (tune.grid_search, tune.uniform, ... anywhere in
-the builder calls) runs as a Ray Tune sweep (impala_jax/sweep.py): one trial per point, each
+the builder calls) runs as a Ray Tune sweep (impala_jax/cli/sweep.py): one trial per point, each
 stopped by the stop criteria, in one run directory with Tune's experiment under tune/; at the
 end one line per trial and the best trial's checkpoint. The file may also set num_samples and
 failure_config. --ray-address joins a running Ray cluster (default: a local Ray with every CPU).
 
-One run over several processes or hosts (impala_jax/distributed.py): start the same command
+One run over several processes or hosts (impala_jax/runtime/distributed.py): start the same command
 in every process with --coordinator HOST:PORT (process 0's address) --num-processes N
 --process-id I, or with none of them under a cluster manager JAX detects (SLURM, Open MPI).
 Process 0 writes the run directory and prints; the others print only errors. --resume needs
@@ -68,10 +68,9 @@ from pathlib import Path
 
 import numpy as np
 
-from impala_jax import distributed, loggers
-from impala_jax.config_checks import find_search_space
-from impala_jax.display import Display
-from impala_jax.experiment import (
+from impala_jax.cli import loggers
+from impala_jax.cli.display import Display
+from impala_jax.cli.experiment import (
     RunError,
     apply_overrides,
     check_stop,
@@ -81,13 +80,7 @@ from impala_jax.experiment import (
     parse_stop,
     stop_reached,
 )
-from impala_jax.jax_setup import (
-    DEFAULT_COMPILE_CACHE,
-    enable_compile_cache,
-    initialize_lapack,
-    set_jax_environment,
-)
-from impala_jax.run_dir import (
+from impala_jax.cli.run_dir import (
     checkpoint_config,
     checkpoint_path,
     checkpoints,
@@ -95,6 +88,14 @@ from impala_jax.run_dir import (
     resume_point,
     save_checkpoint,
     write_run_files,
+)
+from impala_jax.rllib.config_checks import find_search_space
+from impala_jax.runtime import distributed
+from impala_jax.runtime.jax_setup import (
+    DEFAULT_COMPILE_CACHE,
+    enable_compile_cache,
+    force_host_devices,
+    initialize_lapack,
 )
 
 EXAMPLES = """examples:
@@ -347,6 +348,16 @@ def prepare(args: argparse.Namespace):
     return config, stop, run_dir, name, record, resume_from, notes
 
 
+def set_jax_environment(devices: int | None) -> None:
+    """Environment variables that JAX reads once, at import: set here, never by the library."""
+    if devices is None:
+        return
+    if "jax" in sys.modules:
+        raise RunError("--devices must be set before JAX is imported (run it as a fresh process)")
+    force_host_devices(devices)
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     # envpool builds its gymnasium Box spaces from float64 bounds and gymnasium warns about the
@@ -358,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         _join(args)
         # A sweep's run directory holds Tune's experiment (sweep.TUNE_DIR).
         if args.resume and (Path(args.resume) / "tune").is_dir():
-            from impala_jax.sweep import resume_error
+            from impala_jax.cli.sweep import resume_error
 
             raise resume_error(args.resume)
         config, stop, run_dir, name, record, resume_from, notes = prepare(args)
@@ -366,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"impala_jax.run: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     if find_search_space(config.to_dict()):
-        from impala_jax.sweep import run_sweep  # imports ray: only a sweep pays for it
+        from impala_jax.cli.sweep import run_sweep  # imports ray: only a sweep pays for it
 
         try:
             return run_sweep(args, config, stop, name, record, notes)

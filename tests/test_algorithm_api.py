@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from impala_jax.checkpoint import Checkpoint, SaveResult
+from impala_jax.runtime.checkpoint import Checkpoint, SaveResult
 from tests.test_algorithm import small_config
 
 EPISODE_LEN = 10
@@ -62,7 +62,7 @@ def test_from_checkpoint_samples_only_with_the_restored_params(tmp_path, num_env
         algo.set_weights(always_one(algo.get_weights()))
         result = algo.save(tmp_path / "ckpt")
     assert isinstance(result, SaveResult) and isinstance(result.checkpoint, Checkpoint)
-    from impala_jax.algorithm import IMPALA
+    from impala_jax.rllib.algorithm import IMPALA
 
     with IMPALA.from_checkpoint(result.checkpoint.path) as restored:
         first = restored.train()["env_runners"]
@@ -93,7 +93,7 @@ def test_episode_window_and_counters_survive_a_restore(tmp_path):
         saved = algo.train()
         result = algo.save()  # no path: a fresh directory, as in RLlib
     assert saved["env_runners"]["episode_return_mean"] == EPISODE_LEN
-    from impala_jax.algorithm import IMPALA
+    from impala_jax.rllib.algorithm import IMPALA
 
     with IMPALA.from_checkpoint(result) as restored:
         assert restored.iteration == 1

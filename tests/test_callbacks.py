@@ -12,8 +12,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from impala_jax import IMPALA, IMPALAConfig, checkpoint
-from impala_jax.callbacks import (
+from impala_jax import IMPALA, IMPALAConfig
+from impala_jax.runtime import checkpoint
+from impala_jax.runtime.callbacks import (
     Episode,
     EpisodeCallbacks,
     MetricsLogger,
@@ -383,7 +384,7 @@ def test_callbacks_config_fields():
 def test_resolve_import_paths():
     assert resolve("tests.test_callbacks:ModuleLevelCallbacks", "x") is ModuleLevelCallbacks
     assert resolve("tests.test_callbacks.ModuleLevelCallbacks", "x") is ModuleLevelCallbacks
-    assert resolve("impala_jax.callbacks:Episode.get_return", "x") is Episode.get_return
+    assert resolve("impala_jax.runtime.callbacks:Episode.get_return", "x") is Episode.get_return
     with pytest.raises(ValueError, match="lambda or a function"):
         resolve("tests.test_callbacks:test_x.<locals>.<lambda>", "on_train_result")
     with pytest.raises(ValueError, match="cannot import"):

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from impala_jax import checkpoint, run
-from impala_jax.checkpoint import CorruptCheckpoint
-from impala_jax.run_dir import checkpoints
+from impala_jax import run
+from impala_jax.cli.run_dir import checkpoints
+from impala_jax.runtime import checkpoint
+from impala_jax.runtime.checkpoint import CorruptCheckpoint
 from tests.test_algorithm import small_config
 from tests.test_run import CARTPOLE, TINY, results
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from impala_jax import IMPALAConfig, NotProvided
-from impala_jax.config import DEFAULT_MODEL_CONFIG
+from impala_jax.rllib.config import DEFAULT_MODEL_CONFIG
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared/reference/rllib_impala_defaults.md"
 
@@ -246,9 +246,9 @@ def test_fresh_properties():
     assert config.replay_ratio == 0.0
     assert config.get_rollout_fragment_length() == 50
     assert config.resolved_lr == 0.0005 and config.resolved_entropy_coeff == 0.01
-    assert config.get_default_learner_class() == "impala_jax.learner.Learner"
+    assert config.get_default_learner_class() == "impala_jax.runtime.learner.Learner"
     spec = config.get_default_rl_module_spec()
-    assert spec.factory == "impala_jax.networks.make_networks"
+    assert spec.factory == "impala_jax.core.networks.make_networks"
     assert spec.model_config == config.model_config
 
 
@@ -509,9 +509,9 @@ def test_freeze_semantics():
 
 def test_build_validates_freezes_and_hands_a_copy_to_impala(monkeypatch):
     received = []
-    fake = types.ModuleType("impala_jax.algorithm")
+    fake = types.ModuleType("impala_jax.rllib.algorithm")
     fake.IMPALA = lambda config: received.append(config) or "algo"
-    monkeypatch.setitem(sys.modules, "impala_jax.algorithm", fake)
+    monkeypatch.setitem(sys.modules, "impala_jax.rllib.algorithm", fake)
     config = IMPALAConfig().environment("CartPole-v1").env_runners(num_env_runners=0)
     assert config.build() == "algo"
     assert config.build_algo() == "algo"
@@ -523,9 +523,9 @@ def test_build_validates_freezes_and_hands_a_copy_to_impala(monkeypatch):
 
 
 def test_build_refuses_invalid_or_envless_configs(monkeypatch):
-    fake = types.ModuleType("impala_jax.algorithm")
+    fake = types.ModuleType("impala_jax.rllib.algorithm")
     fake.IMPALA = lambda config: pytest.fail("IMPALA must not be constructed")
-    monkeypatch.setitem(sys.modules, "impala_jax.algorithm", fake)
+    monkeypatch.setitem(sys.modules, "impala_jax.rllib.algorithm", fake)
     with pytest.raises(ValueError, match=r'env=None.*environment\("CartPole-v1"\)'):
         IMPALAConfig().build()
     with pytest.raises(ValueError, match="gamma"):
@@ -535,9 +535,9 @@ def test_build_refuses_invalid_or_envless_configs(monkeypatch):
 def test_lazy_impala_export(monkeypatch):
     import impala_jax
 
-    fake = types.ModuleType("impala_jax.algorithm")
+    fake = types.ModuleType("impala_jax.rllib.algorithm")
     fake.IMPALA = object()
-    monkeypatch.setitem(sys.modules, "impala_jax.algorithm", fake)
+    monkeypatch.setitem(sys.modules, "impala_jax.rllib.algorithm", fake)
     assert impala_jax.IMPALA is fake.IMPALA
     assert "IMPALA" in dir(impala_jax)
     with pytest.raises(AttributeError):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from impala_jax.distributions import Categorical, DiagGaussian, make_distribution
+from impala_jax.core.distributions import Categorical, DiagGaussian, make_distribution
 
 MIN = float(jnp.finfo(jnp.float32).min)
 

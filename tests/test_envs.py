@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from gymnasium.envs.registration import load_env_creator
 
-from impala_jax import IMPALA, IMPALAConfig, envs
+from impala_jax import IMPALA, IMPALAConfig
+from impala_jax.runtime import envs
 from tests.fake_envs import ContextEnv
 from tests.test_algorithm import small_config
 
@@ -218,7 +219,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_resolution_imports_ray_never_and_ale_py_on_demand():
     code = """
 import sys
-from impala_jax.envs import choose_env
+from impala_jax.runtime.envs import choose_env
 assert choose_env("CartPole-v1").backend == "envpool"
 assert choose_env("tests.fake_envs:ContextEnv").backend == "gymnasium"
 try:
@@ -251,8 +252,8 @@ else:
 @pytest.fixture
 def registry(monkeypatch):
     """impala_jax's registry, emptied after the test."""
-    monkeypatch.setattr(envs, "_REGISTERED", {})
-    return envs._REGISTERED
+    monkeypatch.setattr(envs, "REGISTERED", {})
+    return envs.REGISTERED
 
 
 def test_register_env_names_resolve_and_win(registry):
@@ -433,8 +434,9 @@ def test_checkpoints_of_lambda_and_registered_creators(tmp_path, registry):
     ],
 )
 def test_is_atari_is_detected_from_the_id_and_clips_rewards(env, atari):
-    from impala_jax import IMPALAConfig, specs
-    from impala_jax.envs import is_atari_id
+    from impala_jax import IMPALAConfig
+    from impala_jax.rllib import specs
+    from impala_jax.runtime.envs import is_atari_id
 
     assert is_atari_id(env) is atari
     config = IMPALAConfig().environment(env)
@@ -450,7 +452,7 @@ def test_envpool_imports_without_its_families_inits_and_still_makes_every_family
     # registered, and making an env imports its real family package.
     code = """
 import sys
-from impala_jax.envs import EnvpoolVecEnv, choose_env, import_envpool
+from impala_jax.runtime.envs import EnvpoolVecEnv, choose_env, import_envpool
 envpool = import_envpool()
 assert "matplotlib" not in sys.modules
 families = ("envpool.atari", "envpool.classic_control", "envpool.jumanji", "envpool.mujoco.gym")

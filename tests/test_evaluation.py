@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from impala_jax.evaluation import EVAL_SEED_OFFSET, Evaluator, split_duration
+from impala_jax.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, split_duration
 from tests.test_algorithm import small_config
 
 # (is_evaluation_env, time.monotonic()) of every step of every ClockEnv, for the overlap test.

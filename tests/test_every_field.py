@@ -34,11 +34,13 @@ import jax
 import numpy as np
 import pytest
 
-from impala_jax import IMPALAConfig, checkpoint, specs
-from impala_jax.config import _FIELD_TO_BUILDER
-from impala_jax.envs import make_vec_env
-from impala_jax.evaluation import Evaluator
-from impala_jax.host_actor import HostActor
+from impala_jax import IMPALAConfig
+from impala_jax.rllib import specs
+from impala_jax.rllib.config import _FIELD_TO_BUILDER
+from impala_jax.runtime import checkpoint
+from impala_jax.runtime.envs import make_vec_env
+from impala_jax.runtime.evaluation import Evaluator
+from impala_jax.runtime.host_actor import HostActor
 from tests.fake_envs import SeededFault, make_return_env
 from tests.test_algorithm import small_config
 

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import pytest
 
-from impala_jax.env_runner_group import EnvRunnerFailure
-from impala_jax.learner import Learner
+from impala_jax.runtime.env_runner_group import EnvRunnerFailure
+from impala_jax.runtime.learner import Learner
 from tests.fake_envs import FlakyCartPole, NaNRewardEnv, SeededFault
 from tests.test_algorithm import small_config
 from tests.test_learner import make_learner, random_batch
@@ -91,7 +91,7 @@ def test_failed_runner_is_replaced_until_restarts_run_out():
 @pytest.mark.timeout(180)
 def test_a_replaced_runners_exited_thread_gives_its_heap_back(monkeypatch):
     # glibc keeps an exited thread's freed pages: each restart kept ~1.3 MiB resident (soak).
-    from impala_jax import env_runner_group
+    from impala_jax.runtime import env_runner_group
 
     assert env_runner_group._malloc_trim() is not None  # glibc here: the trim is real
     trims = []
@@ -266,7 +266,7 @@ SAVER = textwrap.dedent(
 
 @pytest.mark.timeout(300)
 def test_kill_during_save_never_leaves_a_half_written_checkpoint(tmp_path):
-    from impala_jax.algorithm import IMPALA
+    from impala_jax.rllib.algorithm import IMPALA
 
     path = tmp_path / "ckpt"
     env = dict(os.environ, JAX_PLATFORMS="cpu")

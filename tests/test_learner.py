@@ -8,12 +8,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from impala_jax import parallel
-from impala_jax.distributions import make_distribution
-from impala_jax.learner import Learner, LossSpec, Replay, StepSpec, _uniform_index, mix_replay
-from impala_jax.networks import make_networks
-from impala_jax.optim import OptimizerSpec
-from impala_jax.types import Trajectory
+from impala_jax.core.distributions import make_distribution
+from impala_jax.core.networks import make_networks
+from impala_jax.core.optim import OptimizerSpec
+from impala_jax.core.types import Trajectory
+from impala_jax.runtime import parallel
+from impala_jax.runtime.learner import (
+    Learner,
+    LossSpec,
+    Replay,
+    StepSpec,
+    _uniform_index,
+    mix_replay,
+)
 
 T, B = 4, 8
 OBS = gym.spaces.Box(-1, 1, (4,), np.float32)
@@ -241,7 +248,7 @@ def _chi_square_ok(counts, expected):
 def test_shuffle_orders_are_uniform_permutations():
     # The minibatch orders: every row a permutation of range(n), each of the n! orders drawn
     # equally often, rows of one key independent of each other.
-    from impala_jax.learner import _permutations
+    from impala_jax.runtime.learner import _permutations
 
     keys = jax.random.split(jax.random.key(0), 12_000)
     orders = np.asarray(jax.jit(jax.vmap(lambda k: _permutations(k, 2, 4)))(keys))
@@ -278,7 +285,7 @@ def test_replay_indices_are_uniform_below_the_span():
 def test_global_norm_is_optax_tree_norm():
     import optax
 
-    from impala_jax.learner import _global_norm
+    from impala_jax.runtime.learner import _global_norm
 
     rng = np.random.default_rng(0)
     tree = {"a": rng.normal(size=(64, 64)), "b": {"c": rng.normal(size=3), "d": rng.normal()}}
@@ -333,7 +340,7 @@ def test_training_continues_past_2_31_env_steps_with_its_lr_schedule(tmp_path):
 def test_unrolled_minibatch_updates_equal_the_scanned_ones(monkeypatch):
     # A conv network on CPU runs its updates unrolled (lax.scan is ~10x slower there); two
     # epochs of two shuffled minibatches must give the scan's params and metrics.
-    from impala_jax import learner as learner_module
+    from impala_jax.runtime import learner as learner_module
 
     obs_space = gym.spaces.Box(0, 255, (10, 10, 2), np.uint8)
     rng = np.random.default_rng(0)

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from impala_jax import IMPALAConfig
-from impala_jax.algorithm import stalled_step_message
-from impala_jax.distributions import make_distribution
-from impala_jax.learner import Learner, LossSpec, StepSpec
-from impala_jax.networks import make_networks
-from impala_jax.optim import OptimizerSpec
-from impala_jax.vtrace import vtrace
+from impala_jax.core.distributions import make_distribution
+from impala_jax.core.networks import make_networks
+from impala_jax.core.optim import OptimizerSpec
+from impala_jax.core.vtrace import vtrace
+from impala_jax.rllib.algorithm import stalled_step_message
+from impala_jax.runtime.learner import Learner, LossSpec, StepSpec
 from tests.test_learner import ACT, OBS, B, random_batch
 
 # The IMPALA paper's Atari RMSProp (arXiv:1802.01561, table G.1): lr 6e-4, decay 0.99,

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from impala_jax.distributions import Categorical, DiagGaussian
-from impala_jax.losses import clip_reward, impala_loss
-from impala_jax.vtrace import vtrace
+from impala_jax.core.distributions import Categorical, DiagGaussian
+from impala_jax.core.losses import clip_reward, impala_loss
+from impala_jax.core.vtrace import vtrace
 
 GAMMA = 0.9
 T, B, N = 7, 3, 4

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from impala_jax.networks import Networks, is_channel_first, make_networks
+from impala_jax.core.networks import Networks, is_channel_first, make_networks
 
 SMALL_MLP = {"fcnet_hiddens": [8, 8]}
 CARTPOLE = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))

@@ -7,8 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from impala_jax import optim
-from impala_jax.optim import OptimizerSpec, current_lr, make_optimizer, non_finite_count
+from impala_jax.core import optim
+from impala_jax.core.optim import OptimizerSpec, current_lr, make_optimizer, non_finite_count
 
 RTOL = 1e-5
 ATOL = 1e-7
@@ -346,7 +346,7 @@ def test_non_finite_gradient_is_skipped_and_counted(opt_type):
 def test_non_finite_guard_equals_optax_apply_if_finite():
     # impala_jax's guard picks by jnp.where, optax's by lax.cond: the same updates and states
     # over good, skipped and (past max_consecutive_non_finite) forced-through gradients.
-    from impala_jax import optim
+    from impala_jax.core import optim
 
     spec = OptimizerSpec(lr=0.01, max_consecutive_non_finite=2)
     ours = jax.jit(make_optimizer(spec).update)

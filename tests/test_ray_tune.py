@@ -22,7 +22,7 @@ from impala_jax import IMPALAConfig
 ray = pytest.importorskip("ray")
 from ray import tune  # noqa: E402
 
-from impala_jax.ray_tune import TUNE_NAME, IMPALATrainable, trial_resources  # noqa: E402
+from impala_jax.rllib.ray_tune import TUNE_NAME, IMPALATrainable, trial_resources  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,7 @@ def test_tune_names_are_impala_jax_in_either_import_order(order):
         + """
 from ray.tune.registry import get_trainable_cls
 from ray.tune.tune import _Config
-from impala_jax.ray_tune import IMPALATrainable
+from impala_jax.rllib.ray_tune import IMPALATrainable
 before = get_trainable_cls("IMPALA") is IMPALATrainable
 # Asking Tune for another RLlib algorithm by name registers all of RLlib's, "IMPALA" too.
 get_trainable_cls("PPO")
@@ -230,7 +230,7 @@ def test_placement_strategy_other_than_pack_is_an_error(field, value):
 def test_trial_jax_environment_cpu_trial_gets_its_learner_devices():
     out = _python(
         """
-        from impala_jax.ray_tune import trial_jax_environment
+        from impala_jax.rllib.ray_tune import trial_jax_environment
         trial_jax_environment(gpus=0, num_learners=2)
         import jax
         print(jax.default_backend(), len(jax.devices()))
@@ -244,7 +244,7 @@ def test_trial_jax_environment_gpu_trial_does_not_preallocate():
     out = _python(
         """
         import os
-        from impala_jax.ray_tune import trial_jax_environment
+        from impala_jax.rllib.ray_tune import trial_jax_environment
         trial_jax_environment(gpus=1, num_learners=1)
         print(os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"], os.environ.get("JAX_PLATFORMS"))
         """,
@@ -282,7 +282,7 @@ def test_trainable_restore_continues_with_same_weights_and_counters(tmp_path):
         assert result["training_iteration"] == 3
         assert result["num_env_steps_sampled_lifetime"] > last["num_env_steps_sampled_lifetime"]
         # A checkpoint Tune hands out is an impala_jax checkpoint.
-        from impala_jax.algorithm import IMPALA
+        from impala_jax.rllib.algorithm import IMPALA
 
         outside = IMPALA.from_checkpoint(saved)
         try:
@@ -335,7 +335,7 @@ def test_checkpoint_config_keeps_the_best_n(ray_local, tmp_path):
     kept = sorted(p.name for p in Path(result.path).glob("checkpoint_*"))
     assert len(kept) == 2
     assert result.checkpoint is not None
-    from impala_jax.algorithm import IMPALA
+    from impala_jax.rllib.algorithm import IMPALA
 
     algo = IMPALA.from_checkpoint(result.checkpoint)
     try:
@@ -480,7 +480,7 @@ def test_env_registered_with_impala_jax_reaches_trials(ray_local, tmp_path):
     import gymnasium as gym
 
     from impala_jax import register_env
-    from impala_jax.envs import _REGISTERED
+    from impala_jax.runtime.envs import REGISTERED
 
     register_env("cartpole_from_the_driver", lambda ctx: gym.make("CartPole-v1"))
     try:
@@ -493,7 +493,7 @@ def test_env_registered_with_impala_jax_reaches_trials(ray_local, tmp_path):
         assert result.error is None
         assert result.metrics["num_env_steps_sampled_lifetime"] > 0
     finally:
-        _REGISTERED.pop("cartpole_from_the_driver", None)
+        REGISTERED.pop("cartpole_from_the_driver", None)
 
 
 def test_cleanup_stops_every_thread_the_trial_started():

@@ -1,4 +1,4 @@
-"""The LSTM core (impala_jax/recurrent.py) against a plain step-by-step loop: unroll = steps,
+"""The LSTM core (impala_jax/core/recurrent.py) against a plain step-by-step loop: unroll = steps,
 split fragments = one fragment, resets exactly where episodes start, max_seq_len's truncation."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from impala_jax.recurrent import make_recurrent_networks, num_chunks
+from impala_jax.core.recurrent import make_recurrent_networks, num_chunks
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 CELL = 8

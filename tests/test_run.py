@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from impala_jax import IMPALAConfig, display, loggers, metrics, run
-from impala_jax.run_dir import checkpoints
+from impala_jax import IMPALAConfig, run
+from impala_jax.cli import display, loggers
+from impala_jax.cli.run_dir import checkpoints
+from impala_jax.runtime import metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = str(ROOT / "experiments" / "cartpole.py")
@@ -184,7 +186,7 @@ def test_the_curve_is_drawn_by_a_process_of_its_own_after_its_interval(tmp_path)
     # the training process never imports matplotlib (its import held the GIL the runner needs).
     code = f"""
 import sys, time
-from impala_jax import loggers
+from impala_jax.cli import loggers
 curve = loggers.CurvePlotter(__import__("pathlib").Path({str(tmp_path)!r}), interval_s=600)
 r = {{"num_env_steps_sampled_lifetime": 100, "env_runners": {{"episode_return_mean": 1.0}}}}
 curve.write(r)
@@ -214,7 +216,7 @@ def test_close_leaves_the_final_curve_to_the_drawing_process(tmp_path):
     # and close() does not draw it a second time in the training process.
     code = f"""
 import sys
-from impala_jax import loggers
+from impala_jax.cli import loggers
 curve = loggers.CurvePlotter(__import__("pathlib").Path({str(tmp_path)!r}), interval_s=600)
 for i in range(1, 4):
     returns = {{"episode_return_mean": i}}
@@ -243,7 +245,7 @@ def test_a_training_process_that_dies_still_leaves_its_curve(tmp_path):
     # training process gone, without close()) it draws them all.
     code = f"""
 import os
-from impala_jax import loggers
+from impala_jax.cli import loggers
 curve = loggers.CurvePlotter(__import__("pathlib").Path({str(tmp_path)!r}), interval_s=600)
 for r in {_points(3)!r}:
     curve.write(r)
@@ -264,7 +266,7 @@ def test_the_drawing_process_skips_a_line_cut_short_and_draws_the_rest(tmp_path)
     # A training process that died mid-write leaves half a line at the end of the input.
     import matplotlib.image
 
-    from impala_jax import curve
+    from impala_jax.cli import curve
 
     lines = ['{"point": [100, 1, 0, 2, NaN]}\n', '{"point": [200, 2, 1, 3, NaN]}\n', '{"poi']
     path = tmp_path / "curve.png"
@@ -295,7 +297,7 @@ def test_a_failed_drawing_process_leaves_the_curve_to_the_training_process(
     assert time.monotonic() - started < 30
     assert curve._proc is None
     assert matplotlib.image.imread(curve.path).ndim == 3
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "impala_jax.loggers"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "impala_jax.cli.loggers"]
     assert "drawn in the training process instead" in warning
     why = {
         "cannot start": ["could not start"],
@@ -406,7 +408,7 @@ def wandb_records(path: Path):
 
 def test_json_safe():
     assert loggers.json_safe({"env": IMPALAConfig, "t": (1, 2)}) == {
-        "env": "impala_jax.config:IMPALAConfig",
+        "env": "impala_jax.rllib.config:IMPALAConfig",
         "t": [1, 2],
     }
 
@@ -708,7 +710,7 @@ atexit.register(lambda: open(MARKS + "/atexit", "w").close())
     experiment.write_text(text)
     for callbacks, teardown in (
         ([], False),
-        (["callbacks.callbacks_class=impala_jax.callbacks.RLlibCallback"], True),
+        (["callbacks.callbacks_class=impala_jax.runtime.callbacks.RLlibCallback"], True),
     ):
         for f in marks.iterdir():
             f.unlink()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from impala_jax import run_dir
+from impala_jax.cli import run_dir
 
 
 def test_checkpoint_pruning(tmp_path):

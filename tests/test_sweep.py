@@ -1,4 +1,4 @@
-"""CLI sweeps (impala_jax/sweep.py) and the notebook that analyses one.
+"""CLI sweeps (impala_jax/cli/sweep.py) and the notebook that analyses one.
 
 One real sweep runs in a subprocess (2 grid trials of 2 iterations on a local Ray with the
 machine's CPUs, ~40 s on 2 cores) and is shared: the CLI's output and run directory are checked
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from impala_jax import IMPALA, IMPALAConfig, run, sweep
+from impala_jax import IMPALA, IMPALAConfig, run
+from impala_jax.cli import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "sweep_analysis.ipynb"

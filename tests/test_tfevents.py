@@ -1,4 +1,4 @@
-"""impala_jax.tfevents against independent references: protobuf's own serialization of
+"""impala_jax.cli.tfevents against independent references: protobuf's own serialization of
 TensorBoard's messages (tensorboardX's generated classes), tensorboardX's TFRecord writer and
 CRC, and TensorBoard's own reader (EventAccumulator), purge on resume included."""
 
@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from impala_jax import loggers, tfevents
+from impala_jax.cli import loggers, tfevents
 
 
 def test_crc32c_matches_the_standard_check_value_and_tensorboardx():

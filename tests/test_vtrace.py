@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import rlax
 
-from impala_jax.vtrace import VTraceOutput, vtrace
+from impala_jax.core.vtrace import VTraceOutput, vtrace
 
 GAMMA = 0.9
 

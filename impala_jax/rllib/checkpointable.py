@@ -1,0 +1,170 @@
+"""RLlib's Checkpointable for IMPALA: get_state / set_state, save / restore, from_checkpoint.
+
+The format (arrays as one npz, config and counters as JSON, nothing pickled) is
+checkpoint.py's. Over several processes (distributed.py) process 0 alone writes, and a restore
+sends process 0's checkpoint to every process.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import jax
+import numpy as np
+
+from impala_jax.runtime import checkpoint, distributed
+from impala_jax.runtime.buffers import MinibatchBuffer
+
+
+class Checkpointable:
+    """The state methods of `IMPALA` (a mixin: they use its learner, runners and counters)."""
+
+    def get_state(self) -> dict:
+        """Learner state, replay slots, counters and the episode window as host values. Over
+        several processes the replay slots (spread over every process's devices) are left
+        out: a restored run starts with them empty, as on another device count."""
+        learner, replay = self.learner.state_arrays(replay=self._processes == 1)
+        return {
+            "learner": learner,
+            "replay": replay,
+            "counters": {
+                "training_iteration": self._iteration,
+                "time_total_s": self._time_total,
+                "num_env_steps_sampled_lifetime": self.num_env_steps_sampled_lifetime,
+                "num_env_steps_trained_lifetime": self._env_steps_trained,
+                "num_updates_lifetime": self._num_updates,
+                "num_episodes_lifetime": self._episodes.num_episodes_lifetime,
+            },
+            "episodes": self._episodes.get_state(),
+        }
+
+    def set_state(self, state: dict) -> None:
+        """Learner state, counters and the episode window; the runners then sample with the
+        restored params only (fragments and episodes begun before are dropped)."""
+        self.learner.load_state_arrays(state["learner"], state.get("replay"))
+        group = self.env_runner_group
+        group.restart_for_restore()
+        if self._minibatch_buffer is not None:
+            self._minibatch_buffer = MinibatchBuffer(
+                self.config.minibatch_buffer_size, self.config.num_epochs, group.next_batch
+            )
+        c = state["counters"]
+        self._iteration = c["training_iteration"]
+        self._time_total = c["time_total_s"]
+        if self._processes > 1:  # the restored total of all processes, plus what each samples
+            self._sampled_base = self._global_sampled = c["num_env_steps_sampled_lifetime"]
+            group.set_num_env_steps_sampled_lifetime(0)
+        else:
+            group.set_num_env_steps_sampled_lifetime(c["num_env_steps_sampled_lifetime"])
+        self._env_steps_trained = c["num_env_steps_trained_lifetime"]
+        self._num_updates = c["num_updates_lifetime"]
+        episodes = state.get("episodes") or {}
+        self._episodes.set_state(dict(episodes, num_episodes_lifetime=c["num_episodes_lifetime"]))
+        self._last_lag = []
+        self._iterations_since_restore = 0
+        self._time_since_restore = 0.0
+        group.publish(self.learner.state.params)
+
+    def save_to_path(self, path=None) -> str:
+        """Writes a checkpoint to ``path`` (a new temporary directory if None); its path.
+
+        Over several processes only process 0 writes; the others write nothing and return
+        ``path`` as given ("" for None). It involves no collective: process 0 may save alone.
+        """
+        if not self._primary:
+            return "" if path is None else str(path)
+        if path is None:
+            path = tempfile.mkdtemp(prefix="impala_jax_checkpoint_")
+        state = self.get_state()
+        arrays = {f"learner_{i:05d}": x for i, x in enumerate(state["learner"])}
+        arrays.update({f"replay_{i:05d}": x for i, x in enumerate(state["replay"])})
+        meta = {
+            "format": checkpoint.FORMAT,
+            "config": checkpoint.jsonable(self.config.to_dict()),
+            "counters": state["counters"],
+            "episodes": state["episodes"],
+        }
+        files = {}
+        if self.config.export_native_model_files:
+            files[checkpoint.NATIVE_PARAMS_FILE] = checkpoint.native_params(
+                self.learner.state.params
+            )
+        return str(checkpoint.save(path, arrays, meta, files=files))
+
+    def save(self, checkpoint_dir=None) -> checkpoint.SaveResult:
+        """RLlib's ``save``: a checkpoint in ``checkpoint_dir`` (None: a new temporary
+        directory); the result has ``.checkpoint.path`` and is also usable as that path."""
+        path = self.save_to_path(checkpoint_dir)
+        return checkpoint.SaveResult(checkpoint.Checkpoint(path), metrics={})
+
+    def restore_from_path(self, path) -> None:
+        """Restores a checkpoint. Over several processes every process calls it together:
+        process 0 reads ``path`` and sends the state to the others (their ``path`` is not
+        read), so every process restores the same state."""
+        if self._processes > 1:
+            state = self._state_from_process_0(path)
+        else:
+            state = _state_of(*checkpoint.load(checkpoint.path_of(path)))
+        self.set_state(state)
+        self._callbacks.call("on_checkpoint_loaded", algorithm=self)
+
+    def _state_from_process_0(self, path) -> dict:
+        loaded = None
+
+        def header():
+            nonlocal loaded
+            loaded = _state_of(*checkpoint.load(checkpoint.path_of(path)))
+            shapes = [[list(np.shape(x)), np.asarray(x).dtype.str] for x in loaded["learner"]]
+            return {k: loaded[k] for k in ("counters", "episodes")} | {"shapes": shapes}
+
+        head = distributed.from_process_0(header, f"process 0's checkpoint {path}")
+        mine, _ = self.learner.state_arrays(replay=False)
+        same = [[list(np.shape(x)), np.asarray(x).dtype.str] for x in mine] == head["shapes"]
+        agreed = distributed.allgather(np.bool_(same), "the checkpoint's shapes")
+        if not agreed.all():
+            differ = [int(i) for i in np.flatnonzero(~agreed)]
+            raise ValueError(
+                f"the checkpoint {path} that process 0 read does not match the network and "
+                f"optimizer of process(es) {differ}: every process must build the same config."
+            )
+        leaves = loaded["learner"] if loaded is not None else mine
+        leaves = distributed.broadcast_tree(leaves, "process 0's checkpoint arrays")
+        return {"learner": leaves, "replay": [], **{k: head[k] for k in ("counters", "episodes")}}
+
+    def restore(self, checkpoint_path) -> None:
+        """Restores a path, a ``Checkpoint`` or what ``save()`` returned (RLlib's forms)."""
+        self.restore_from_path(checkpoint_path)
+
+    @classmethod
+    def from_checkpoint(cls, path, *, env=None):
+        """Builds the checkpoint's config and restores its state. ``env`` replaces the
+        checkpoint's env: needed when that was a lambda or local function, which a checkpoint
+        stores only by name (a name given to register_env must be registered again)."""
+        from impala_jax.rllib.config import IMPALAConfig
+        from impala_jax.runtime.envs import check_restorable
+
+        path = checkpoint.path_of(path)
+        if jax.process_count() > 1:  # process 0 reads it (restore_from_path)
+            meta = distributed.from_process_0(
+                lambda: checkpoint.load(path)[1], f"process 0's checkpoint {path}"
+            )
+        else:
+            _, meta = checkpoint.load(path)
+        config = dict(meta["config"])
+        if env is not None:
+            config["env"] = env
+        else:
+            check_restorable(config.get("env"), config.get("env_config"), f"checkpoint {path}")
+        algo = IMPALAConfig.from_dict(config).build()
+        algo.restore(path)
+        return algo
+
+
+def _state_of(arrays: dict, meta: dict) -> dict:
+    """``set_state``'s dict from what ``checkpoint.load`` returns."""
+    return {
+        "learner": [arrays[k] for k in sorted(arrays) if k.startswith("learner_")],
+        "replay": [arrays[k] for k in sorted(arrays) if k.startswith("replay_")],
+        "counters": meta["counters"],
+        "episodes": meta.get("episodes"),
+    }

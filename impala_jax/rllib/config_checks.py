@@ -1,0 +1,728 @@
+"""Validation of an `IMPALAConfig`: the builders' setter-time checks and `validate()`'s checks.
+
+`IMPALAConfig.validate()` is the entry point: it calls `validate_config`, which collects every
+problem and raises one ValueError naming each field, its value and the fix. ``SETTER_CHECKS`` are
+the few checks RLlib makes as soon as a builder is called. The dependency runs one way:
+``impala_jax.rllib.config`` imports this module, never the reverse (the config is passed in). What each
+rule is, and where it is stricter than RLlib, is listed in ``docs/config.md``.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+import dataclasses
+import numbers
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
+from impala_jax.rllib.model_config_checks import model_config_problems
+from impala_jax.runtime.callbacks import (
+    CALLBACK_KEYWORDS,
+    SUPPORTED_HOOKS,
+    UNSUPPORTED_HOOKS,
+    unsupported_overrides,
+)
+
+if TYPE_CHECKING:
+    from impala_jax.rllib.config import IMPALAConfig
+
+OPT_TYPES = ("adam", "rmsprop")
+GRAD_CLIP_BY = ("value", "norm", "global_norm")
+LOSS_REDUCTIONS = ("mean", "sum")
+LOG_LEVELS = ("DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL")
+
+_UNSET = object()  # Validator.fail(): no value given, report the field's own
+
+
+def is_search_space(value: Any) -> bool:
+    """A Ray Tune value a trial has not resolved yet (what ``tune.grid_search`` etc. return)."""
+    if isinstance(value, dict):
+        return len(value) == 1 and "grid_search" in value
+    # A class is never one, even when its metaclass is from ray.tune (RLlib's RLlibCallback).
+    return not isinstance(value, type) and type(value).__module__.startswith("ray.tune")
+
+
+def find_search_space(value: Any) -> bool:
+    if is_search_space(value):
+        return True
+    if isinstance(value, Mapping):
+        return any(find_search_space(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(find_search_space(v) for v in value)
+    return False
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def is_schedule(x: Any) -> bool:
+    return isinstance(x, list | tuple)
+
+
+def _schedule_problem(value: Any) -> str | None:
+    """Why `value` is not a valid [[timestep, value], ...] schedule, or None."""
+    if not isinstance(value, list | tuple) or len(value) < 2:
+        return "a schedule needs at least 2 [timestep, value] pairs"
+    for point in value:
+        if not isinstance(point, list | tuple) or len(point) != 2:
+            return f"entry {point!r} is not a [timestep, value] pair"
+        if not (_is_real(point[0]) and point[0] >= 0 and _is_real(point[1])):
+            return f"entry {point!r} needs a timestep >= 0 and a numeric value"
+        if point[1] < 0:
+            return f"entry {point!r} has a negative value"
+    if value[0][0] != 0:
+        return f"the first timestep must be 0, not {value[0][0]!r}"
+    steps = [p[0] for p in value]
+    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+        return f"timesteps {steps} must be strictly increasing"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """How one update's batch is made of fragments (see `batch_layout`)."""
+
+    fragment_length: int  # T
+    columns: int  # new fragments per learner device per update
+    replay_columns: int  # replayed fragments mixed in per device (mixin replay)
+    num_devices: int  # learner devices, max(1, num_learners)
+
+
+def batch_layout(config: IMPALAConfig) -> BatchLayout:
+    """The per-update batch: `train_batch_size_per_learner` rounded up to whole fragments.
+
+    RLlib's IMPALA packs whole fragments until a package holds at least
+    `train_batch_size_per_learner` env steps, so e.g. 512 with fragments of 50 trains on
+    11 x 50 = 550 steps per learner; impala_jax does the same, per learner device.
+    """
+    T = config.get_rollout_fragment_length()
+    columns = -(-config.train_batch_size_per_learner // T)
+    replay_columns = 0
+    if config.replay_proportion > 0 and config.replay_buffer_num_slots > 0:
+        # "replayed with a p:1 proportion to new data": p * columns replayed columns per step.
+        replay_columns = max(1, round(config.replay_proportion * columns))
+    return BatchLayout(T, columns, replay_columns, max(1, config.num_learners))
+
+
+def merge_model_config(value: Any) -> Any:
+    """`value` merged over DEFAULT_MODEL_CONFIG (a search space is kept as it is).
+
+    The setter of ``model_config`` and its setter-time check: a non-dict or an unknown key raises.
+    """
+    if is_search_space(value):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"model_config={value!r}: expected a dict with keys from "
+            f"{sorted(DEFAULT_MODEL_CONFIG)}."
+        )
+    unknown = [k for k in value if k not in DEFAULT_MODEL_CONFIG]
+    if unknown:
+        raise ValueError(
+            f"model_config has unknown key(s) {unknown}; valid keys: "
+            f"{sorted(DEFAULT_MODEL_CONFIG)}."
+        )
+    merged = _copy.deepcopy(dict(DEFAULT_MODEL_CONFIG))
+    merged.update(_copy.deepcopy(dict(value)))
+    return merged
+
+
+def _check_deprecated_aggregation(name: str, replacement: str) -> Any:
+    def check(value: Any) -> None:
+        if value != -1:
+            raise ValueError(
+                f"{name}={value!r}: {name} is deprecated (as in RLlib); leave it at -1 and use "
+                f"{replacement} instead."
+            )
+
+    return check
+
+
+def _check_grad_clip_by(value: Any) -> None:
+    if not is_search_space(value) and value not in GRAD_CLIP_BY:
+        raise ValueError(f"grad_clip_by={value!r}: expected one of {GRAD_CLIP_BY}.")
+
+
+def _check_rollout_fragment_length(value: Any) -> None:
+    if is_search_space(value) or value == "auto":
+        return
+    if not (_is_int(value) and value > 0):
+        raise ValueError(
+            f"rollout_fragment_length={value!r}: expected an int > 0 or 'auto' (the train batch "
+            f"divided over all envs)."
+        )
+
+
+def _check_model_config(value: Any) -> None:
+    merge_model_config(value)
+
+
+def _callbacks_class_problem(value: Any) -> str | None:
+    """Why `value` is not a callbacks_class (RLlib checks it as soon as callbacks() is called)."""
+    if value is None or find_search_space(value):
+        return None
+    for klass in value if isinstance(value, list | tuple) else [value]:
+        if not (isinstance(klass, type) or (isinstance(klass, str) and klass)):
+            return (
+                "expected None, an RLlibCallback subclass (a class, not an instance), its import "
+                "path 'pkg.mod:Cls', or a list of them"
+            )
+        if isinstance(klass, type) and unsupported_overrides(klass):
+            hook = unsupported_overrides(klass)[0]
+            return (
+                f"{klass.__qualname__} overrides {hook}, which {UNSUPPORTED_HOOKS[hook]}; remove "
+                f"it or move its logic to one of {', '.join(SUPPORTED_HOOKS)}"
+            )
+    return None
+
+
+def _check_callbacks_class(value: Any) -> None:
+    problem = _callbacks_class_problem(value)
+    if problem:
+        raise ValueError(f"callbacks_class={value!r}: {problem} (set with .callbacks(...)).")
+
+
+def _check_api_stack(name: str) -> Any:
+    def check(value: Any) -> None:
+        if value is not True and not is_search_space(value):
+            raise NotImplementedError(
+                f"api_stack({name}={value!r}): RLlib's old API stack is not offered; impala_jax "
+                f"is the new stack only (RLModule and Learner, EnvRunners), so leave it True."
+            )
+
+    return check
+
+
+FRAMEWORKS = ("jax", "torch", "tf2", "tf")
+
+
+def _check_framework(value: Any) -> None:
+    if value == "tfe":  # RLlib rejects it too
+        raise ValueError("framework='tfe' is deprecated (as in RLlib); use 'tf2'.")
+    if value not in FRAMEWORKS and not is_search_space(value):
+        raise ValueError(
+            f"framework={value!r}: expected one of {FRAMEWORKS} (impala_jax always runs JAX; "
+            f"RLlib's names are accepted so that RLlib scripts run)."
+        )
+
+
+# Checks RLlib makes as soon as the builder is called; everything else waits for validate().
+SETTER_CHECKS = {
+    "enable_rl_module_and_learner": _check_api_stack("enable_rl_module_and_learner"),
+    "enable_env_runner_and_connector_v2": _check_api_stack("enable_env_runner_and_connector_v2"),
+    "framework": _check_framework,
+    "num_aggregation_workers": _check_deprecated_aggregation(
+        "num_aggregation_workers", "learners(num_aggregator_actors_per_learner=..)"
+    ),
+    "max_requests_in_flight_per_aggregator_worker": _check_deprecated_aggregation(
+        "max_requests_in_flight_per_aggregator_worker",
+        "learners(max_requests_in_flight_per_aggregator_actor=..)",
+    ),
+    "grad_clip_by": _check_grad_clip_by,
+    "rollout_fragment_length": _check_rollout_fragment_length,
+    "model_config": _check_model_config,
+    "callbacks_class": _check_callbacks_class,
+}
+
+
+# Fields with no meaning in impala_jax (yet): field -> (the one accepted value, why).
+NOT_HERE: dict[str, tuple[Any, str]] = {
+    "num_gpus_per_env_runner": (
+        0,
+        "the env runners act on the first learner device, whose GPU a Ray Tune trial already "
+        "asks for through learners(num_gpus_per_learner=...)",
+    ),
+    "placement_strategy": (
+        "PACK",
+        "a Ray Tune trial of impala_jax is one process, one placement-group bundle, so there "
+        "is nothing to pack or spread",
+    ),
+    "compress_observations": (
+        False,
+        "fragments stay in memory as arrays (no Ray object store in between), so there is "
+        "nothing to compress",
+    ),
+    "checkpoint_trainable_policies_only": (
+        False,
+        "impala_jax has one policy, always trainable, and always checkpoints it",
+    ),
+    "timeout_s_sampler_manager": (
+        0.0,
+        "a Ray actor-manager timeout; runner threads hand fragments over through an in-memory "
+        "queue that nobody polls",
+    ),
+    "timeout_s_aggregator_manager": (0.0, "a Ray actor-manager timeout; there are no actors"),
+    "max_requests_in_flight_per_env_runner": (
+        1,
+        "not supported yet: a runner thread hands over one fragment at a time (back-pressure "
+        "is training(learner_queue_size=...))",
+    ),
+    "local_gpu_idx": (0, "not supported yet: the learners are the first JAX devices"),
+    "env_runner_health_probe_timeout_s": (
+        30.0,
+        "not supported yet: a runner thread is judged hung by env_runners(sample_timeout_s=...)",
+    ),
+    "env_runner_restore_timeout_s": (
+        1800.0,
+        "not supported yet: a runner thread restarts at once (after "
+        "delay_between_env_runner_restarts_s)",
+    ),
+    "action_mask_key": (
+        "action_mask",
+        "not supported yet: action masking needs Dict observations, which impala_jax does not take",
+    ),
+    "env_runner_cls": (
+        None,
+        "not supported yet: runners are impala_jax.runtime.env_runner.EnvRunner",
+    ),
+    "learner_class": (None, "not supported yet: the learner is impala_jax.runtime.learner.Learner"),
+}
+
+
+def validate_config(config: IMPALAConfig, field_to_builder: Mapping[str, str]) -> None:
+    """Raises one ValueError listing every invalid field of `config`, its value and the fix.
+
+    `field_to_builder` maps each field to the builder method that sets it (for the hint).
+    """
+    _Validator(config, field_to_builder).run()
+
+
+class _Validator:
+    """Collects every problem of one config; a field already found bad is not checked again."""
+
+    def __init__(self, config: IMPALAConfig, field_to_builder: Mapping[str, str]):
+        self.c = config
+        self.field_to_builder = field_to_builder
+        self.errors: list[str] = []
+        self.bad: set[str] = set()
+
+    def value(self, name: str) -> Any:
+        return self.c._raw(name)
+
+    def ok(self, *names: str) -> bool:
+        """True when every field is concrete (not a search space) and not already bad."""
+        return not any(n in self.bad or find_search_space(self.value(n)) for n in names)
+
+    def fail(self, name: str, message: str, value: Any = _UNSET) -> None:
+        value = self.value(name) if value is _UNSET else value
+        field = name.split("[")[0]
+        how = f".{self.field_to_builder[field]}({field}=...)"
+        self.errors.append(f"{name}={value!r}: {message} (set with {how}).")
+        self.bad.add(name)
+
+    def check(self, name: str, predicate: Any, expected: str) -> None:
+        if not self.ok(name):
+            return
+        try:
+            good = bool(predicate(self.value(name)))
+        except Exception:  # a predicate that cannot even be evaluated means a wrong type
+            good = False
+        if not good:
+            self.fail(name, f"expected {expected}")
+
+    def boolean(self, *names: str) -> None:
+        for name in names:
+            self.check(name, lambda v: isinstance(v, bool), "True or False")
+
+    def integer(self, name: str, low: int, none_ok: bool = False) -> None:
+        self.check(
+            name,
+            lambda v: (none_ok and v is None) or (_is_int(v) and v >= low),
+            f"an int >= {low}" + (" or None" if none_ok else ""),
+        )
+
+    def real(self, name: str, low: float, *, open_low: bool = False, none_ok: bool = False) -> None:
+        self.check(
+            name,
+            lambda v: (
+                (none_ok and v is None) or (_is_real(v) and (v > low if open_low else v >= low))
+            ),
+            f"a number {'>' if open_low else '>='} {low}" + (" or None" if none_ok else ""),
+        )
+
+    def choice(self, name: str, options: tuple, note: str = "") -> None:
+        self.check(name, lambda v: v in options, f"one of {options}{note}")
+
+    def run(self) -> None:
+        self._environment()
+        self._env_runners()
+        self._training()
+        self._batch_sizes()
+        self._learners()
+        self._model_config()
+        self._evaluation()
+        self._callbacks()
+        self._rest()
+        self._not_here()
+        if self.errors:
+            raise ValueError("Invalid IMPALAConfig:\n  " + "\n  ".join(self.errors))
+
+    def _environment(self) -> None:
+        c = self
+        c.check(
+            "env",
+            lambda v: v is None or isinstance(v, str) or callable(v),
+            "an env id such as 'CartPole-v1', an import path 'pkg.mod:Env', an env class or a "
+            "creator function",
+        )
+        c.check("env_config", lambda v: isinstance(v, Mapping), "a dict")
+        for name in ("observation_space", "action_space"):
+            c.check(
+                name, lambda v: v is None or hasattr(v, "contains"), "None or a gymnasium space"
+            )
+        c.check("render_env", lambda v: v is False, "False (impala_jax does not render envs)")
+        c.check(
+            "clip_rewards",
+            lambda v: v is None or isinstance(v, bool) or (_is_real(v) and v > 0),
+            "None/False (off), True (sign) or a float > 0 (clip to [-c, c])",
+        )
+        c.boolean("normalize_actions", "clip_actions", "disable_env_checking")
+        c.check("is_atari", lambda v: v is None or isinstance(v, bool), "None (detect) or a bool")
+        c.check("action_mask_key", lambda v: isinstance(v, str), "a string")
+
+    def _env_runners(self) -> None:
+        c = self
+        for name in ("env_runner_cls", "learner_class"):
+            c.check(
+                name,
+                lambda v: v is None or isinstance(v, str | type),
+                "None (impala_jax's own), a class or its import path",
+            )
+        c.integer("num_env_runners", 0)
+        c.integer("num_envs_per_env_runner", 1)
+        c.check(
+            "gym_env_vectorize_mode",
+            lambda v: v.lower() in ("sync", "async"),
+            "'sync' or 'async' (case-insensitive)",
+        )
+        c.real("num_cpus_per_env_runner", 0)
+        c.real("num_gpus_per_env_runner", 0)
+        c.real("sample_timeout_s", 0, open_low=True)
+        c.integer("max_requests_in_flight_per_env_runner", 1)
+        c.boolean("compress_observations", "explore")
+        c.check(
+            "inference_backend",
+            lambda v: v in ("auto", "jax", "numpy"),
+            "'auto', 'jax' or 'numpy'",
+        )
+        c.check(
+            "rollout_fragment_length",
+            lambda v: v == "auto" or (_is_int(v) and v > 0),
+            "an int > 0 or 'auto'",
+        )
+        c.check(
+            "batch_mode",
+            lambda v: v == "truncate_episodes",
+            "'truncate_episodes': impala_jax only supports truncate_episodes (fragments of T "
+            "steps that cut across episodes); 'complete_episodes' is not supported",
+        )
+        c.check(
+            "observation_filter",
+            lambda v: v == "NoFilter",
+            "'NoFilter': MeanStdFilter and other filters are not supported yet",
+        )
+
+    def _training(self) -> None:
+        c, cfg = self, self.c
+        c.check("vtrace", lambda v: v is True, "True: impala_jax always uses V-trace")
+        c.real("vtrace_clip_rho_threshold", 0, open_low=True)
+        c.real("vtrace_clip_pg_rho_threshold", 0, open_low=True)
+        c.integer("num_gpu_loader_threads", 1)
+        c.integer("num_multi_gpu_tower_stacks", 1)
+        c.integer("minibatch_buffer_size", 1)
+        c.real("replay_proportion", 0)
+        c.integer("replay_buffer_num_slots", 0)
+        if c.ok("replay_proportion", "replay_buffer_num_slots") and cfg.replay_proportion > 0:
+            if cfg.replay_buffer_num_slots < 1:
+                c.fail(
+                    "replay_buffer_num_slots",
+                    f"replay_proportion={cfg.replay_proportion!r} > 0 turns replay on and needs "
+                    f"replay_buffer_num_slots >= 1",
+                )
+        c.integer("learner_queue_size", 1)
+        c.real("learner_queue_timeout", 0, open_low=True)
+        c.real("timeout_s_sampler_manager", 0)
+        c.real("timeout_s_aggregator_manager", 0)
+        c.integer("broadcast_interval", 1)
+        c.real("grad_clip", 0, open_low=True, none_ok=True)
+        c.choice("grad_clip_by", GRAD_CLIP_BY)
+        c.choice("opt_type", OPT_TYPES)
+        c.check("decay", lambda v: _is_real(v) and 0 <= v < 1, "a number in [0, 1)")
+        c.real("momentum", 0)
+        c.real("epsilon", 0, open_low=True)
+        c.real("rmsprop_initial_scale", 0)
+        c.real("vf_loss_coeff", 0)
+        c.choice("loss_reduction", LOSS_REDUCTIONS)
+        c.check("gamma", lambda v: _is_real(v) and 0 <= v <= 1, "a number in [0, 1]")
+        self._schedule("lr", "lr_schedule", "> 0", open_low=True)
+        self._schedule("entropy_coeff", "entropy_coeff_schedule", ">= 0", open_low=False)
+        c.boolean("_separate_vf_optimizer", "shuffle_batch_per_epoch")
+        c.check(
+            "num_aggregation_workers", lambda v: v == -1, "-1 (deprecated; use num_aggregator_...)"
+        )
+        c.check(
+            "max_requests_in_flight_per_aggregator_worker", lambda v: v == -1, "-1 (deprecated)"
+        )
+        if c.ok("_separate_vf_optimizer") and cfg._separate_vf_optimizer:
+            c.real("_lr_vf", 0, open_low=True)
+            if c.ok("model_config") and cfg.model_config.get("vf_share_layers") is True:
+                c.fail(
+                    "_separate_vf_optimizer",
+                    "a separate value optimizer needs separate value layers; also set "
+                    "rl_module(model_config={'vf_share_layers': False})",
+                )
+        c.integer("num_epochs", 1)
+
+    def _schedule(self, name: str, schedule_name: str, float_rule: str, open_low: bool) -> None:
+        c = self
+        value, schedule = self.value(name), self.value(schedule_name)
+        if c.ok(name):
+            if is_schedule(value):
+                problem = _schedule_problem(value)
+                if problem:
+                    c.fail(name, f"invalid schedule: {problem}; expected [[0, v0], [t1, v1], ...]")
+                elif schedule is not None:
+                    c.fail(
+                        name,
+                        f"{name} is a schedule and {schedule_name} is also set; give the "
+                        f"schedule once",
+                    )
+            else:
+                c.check(
+                    name,
+                    lambda v: _is_real(v) and (v > 0 if open_low else v >= 0),
+                    f"a float {float_rule} or a schedule [[0, v0], [t1, v1], ...]",
+                )
+        if c.ok(schedule_name) and schedule is not None:
+            problem = _schedule_problem(schedule)
+            if problem:
+                c.fail(schedule_name, f"invalid schedule: {problem}; expected [[0, v0], ...]")
+
+    def _batch_sizes(self) -> None:
+        c, cfg = self, self.c
+        c.integer("train_batch_size", 1)
+        c.integer("train_batch_size_per_learner", 1, none_ok=True)
+        c.integer("minibatch_size", 1, none_ok=True)
+        sizes = (
+            "train_batch_size",
+            "train_batch_size_per_learner",
+            "rollout_fragment_length",
+            "num_learners",
+            "num_env_runners",
+            "num_envs_per_env_runner",
+        )
+        replay = ("replay_proportion", "replay_buffer_num_slots")
+        if not c.ok(*sizes, *replay) or not _is_int(cfg.num_learners):
+            return
+        if cfg.num_learners < 0 or not _is_int(cfg.train_batch_size_per_learner):
+            return
+        if not c.ok("minibatch_size") or cfg.minibatch_size is None:
+            return
+        layout = batch_layout(cfg)
+        T, devices = layout.fragment_length, layout.num_devices
+        total = layout.columns * devices * T
+        if cfg.minibatch_size % T:
+            c.fail("minibatch_size", f"must be a multiple of rollout_fragment_length={T}")
+        elif cfg.minibatch_size > total:
+            c.fail(
+                "minibatch_size",
+                f"must be <= the effective total train batch ({total} = {layout.columns} "
+                f"fragments of {T} steps per learner * {devices} learner device(s))",
+            )
+        else:
+            # One compiled step splits each device's batch (new + replayed fragments) into
+            # equal minibatches: RLlib cycles through a remainder, impala_jax cannot.
+            per_device = layout.columns + layout.replay_columns
+            fragments = cfg.minibatch_size // T
+            good = [m * T * devices for m in range(1, per_device + 1) if per_device % m == 0]
+            if fragments % devices or per_device % (fragments // devices):
+                c.fail(
+                    "minibatch_size",
+                    f"each of the {devices} learner device(s) trains on {per_device} fragments "
+                    f"of {T} steps per update ({layout.columns} new + {layout.replay_columns} "
+                    f"replayed), which must split into equal minibatches; use one of {good}",
+                )
+
+    def _learners(self) -> None:
+        c = self
+        c.integer("num_learners", 0)
+        if c.ok("num_learners"):
+            import jax  # here, not at import: importing the config must not start JAX
+
+            available = len(jax.devices())
+            if self.c.num_learners > available:
+                c.fail(
+                    "num_learners",
+                    f"only {available} JAX device(s) are present ({jax.default_backend()}); use "
+                    f"num_learners <= {available}",
+                )
+        c.check(
+            "num_cpus_per_learner",
+            lambda v: v == "auto" or (_is_real(v) and v >= 0),
+            "'auto' or a number >= 0",
+        )
+        c.real("num_gpus_per_learner", 0)
+        c.integer("num_aggregator_actors_per_learner", 0)
+        c.integer("max_requests_in_flight_per_aggregator_actor", 1)
+        if (
+            c.ok("num_aggregator_actors_per_learner", "num_env_runners")
+            and self.c.num_aggregator_actors_per_learner
+            and self.c.num_env_runners == 0
+        ):
+            c.fail(
+                "num_aggregator_actors_per_learner",
+                "needs runner threads: with num_env_runners=0 the main thread samples and "
+                "batches in lockstep; set num_env_runners >= 1 or leave it at 0",
+            )
+        c.integer("local_gpu_idx", 0)
+
+    def _not_here(self) -> None:
+        """Fields RLlib has that mean nothing in one process yet: a non-default value is an
+        error, never silently accepted (see NOT_HERE)."""
+        for name, (default, why) in NOT_HERE.items():
+            if self.ok(name) and self.value(name) != default:
+                self.fail(name, f"{why}; leave it at {default!r}")
+        if self.ok("num_gpus_per_learner") and _is_real(self.c.num_gpus_per_learner):
+            if self.c.num_gpus_per_learner > 0:
+                import jax  # here, not at import: importing the config must not start JAX
+
+                if jax.default_backend() != "gpu":
+                    self.fail(
+                        "num_gpus_per_learner",
+                        f"asks for GPU learners, but JAX's backend is {jax.default_backend()!r} "
+                        "(no GPU visible to JAX); install the CUDA build of JAX, or set "
+                        "num_gpus_per_learner=0 to learn on the default device",
+                    )
+
+    def _model_config(self) -> None:
+        if not self.ok("model_config"):
+            return
+        mc = self.c.model_config
+        unknown = [k for k in mc if k not in DEFAULT_MODEL_CONFIG]
+        if unknown:
+            self.fail(
+                "model_config", f"unknown key(s) {unknown}; valid: {sorted(DEFAULT_MODEL_CONFIG)}"
+            )
+            return
+        problems = model_config_problems(mc)
+        for field, expected, value in problems:
+            self.fail(field, expected, value)
+        if mc.get("use_lstm") is True and not problems and self.ok("rollout_fragment_length"):
+            try:
+                T = self.c.get_rollout_fragment_length()
+            except Exception:  # a bad fragment length is reported by its own check
+                return
+            if mc["max_seq_len"] > T + 1:
+                self.fail(
+                    "model_config['max_seq_len']",
+                    f"longer than a fragment's {T + 1} rows (rollout_fragment_length={T}, "
+                    f"plus the bootstrap row): a chunk cannot outgrow the fragment, so values "
+                    f"above {T + 1} would all mean the same; set max_seq_len <= {T + 1} "
+                    f"({T + 1}: backprop through each whole fragment)",
+                    mc["max_seq_len"],
+                )
+
+    def _evaluation(self) -> None:
+        c, cfg = self, self.c
+        c.integer("evaluation_interval", 0, none_ok=True)
+        c.check(
+            "evaluation_duration",
+            lambda v: v == "auto" or (_is_int(v) and v >= 1),
+            "an int >= 1, or 'auto' with evaluation_parallel_to_training=True",
+        )
+        c.choice("evaluation_duration_unit", ("episodes", "timesteps"))
+        c.real("evaluation_sample_timeout_s", 0, open_low=True)
+        c.boolean("evaluation_parallel_to_training", "evaluation_force_reset_envs_before_iteration")
+        c.integer("evaluation_num_env_runners", 0)
+        c.check(
+            "custom_evaluation_function",
+            lambda v: v is None or callable(v),
+            "None or a function algo -> metrics dict",
+        )
+        parallel = ("evaluation_parallel_to_training", "evaluation_num_env_runners")
+        if c.ok(*parallel) and cfg.evaluation_parallel_to_training:
+            if cfg.evaluation_num_env_runners < 1:
+                c.fail(
+                    "evaluation_parallel_to_training",
+                    "parallel evaluation needs its own runner threads; also set "
+                    "evaluation(evaluation_num_env_runners=1) or more",
+                )
+        if c.ok("evaluation_duration", *parallel) and cfg.evaluation_duration == "auto":
+            if not cfg.evaluation_parallel_to_training:
+                c.fail(
+                    "evaluation_duration",
+                    "'auto' only works with evaluation_parallel_to_training=True; give an int",
+                )
+        if c.ok("evaluation_config") and cfg.evaluation_config is not None:
+            self._evaluation_config(cfg.evaluation_config)
+
+    def _evaluation_config(self, overrides: Any) -> None:
+        if not isinstance(overrides, Mapping):
+            self.fail("evaluation_config", "expected None or a dict of field overrides")
+            return
+        trial = self.c.copy(copy_frozen=False)
+        trial.evaluation_config = None
+        try:
+            trial.update_from_dict(overrides)
+            trial.validate()
+        except ValueError as e:
+            problems = str(e).removeprefix("Invalid IMPALAConfig:").strip().replace("\n  ", "; ")
+            self.fail("evaluation_config", f"the evaluation config would be invalid: {problems}")
+
+    def _callbacks(self) -> None:
+        c = self
+        if c.ok("callbacks_class"):
+            problem = _callbacks_class_problem(c.value("callbacks_class"))
+            if problem:
+                c.fail("callbacks_class", problem)
+        for hook in CALLBACK_KEYWORDS:
+            if hook in UNSUPPORTED_HOOKS:
+                c.check(hook, lambda v: v is None, f"None: {UNSUPPORTED_HOOKS[hook]}")
+            else:
+                c.check(
+                    hook,
+                    lambda v: all(
+                        callable(f) or (isinstance(f, str) and f)
+                        for f in (v if isinstance(v, list | tuple) else [v] if v else [])
+                    ),
+                    "None, a callable, its import path 'pkg.mod:fn', or a list of them",
+                )
+
+    def _rest(self) -> None:
+        c = self
+        c.integer("metrics_num_episodes_for_smoothing", 1)
+        c.real("min_time_s_per_iteration", 0, none_ok=True)
+        c.integer("min_train_timesteps_per_iteration", 0, none_ok=True)
+        c.integer("min_sample_timesteps_per_iteration", 0, none_ok=True)
+        c.integer("max_num_env_runner_restarts", 0)
+        c.real("delay_between_env_runner_restarts_s", 0)
+        c.integer("num_consecutive_env_runner_failures_tolerance", 0)
+        c.real("env_runner_health_probe_timeout_s", 0, open_low=True)
+        c.real("env_runner_restore_timeout_s", 0, open_low=True)
+        c.boolean(
+            "log_gradients",
+            "restart_failed_env_runners",
+            "ignore_env_runner_failures",
+            "restart_failed_sub_environments",
+            "export_native_model_files",
+            "checkpoint_trainable_policies_only",
+            "_env_runners_only",
+            "_skip_learners",
+            "log_sys_usage",
+            "fake_sampler",
+        )
+        c.check("log_level", lambda v: v.upper() in LOG_LEVELS, f"one of {LOG_LEVELS}")
+        c.integer("seed", 0, none_ok=True)
+        c.real("num_cpus_for_main_process", 0)
+        c.real("num_gpus", 0)
+        c.choice("framework", FRAMEWORKS)
+        for name in ("enable_rl_module_and_learner", "enable_env_runner_and_connector_v2"):
+            c.check(name, lambda v: v is True, "True: the old API stack is not offered")

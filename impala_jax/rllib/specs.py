@@ -1,0 +1,82 @@
+"""The frozen config -> the static specs the compiled learner step closes over."""
+
+from __future__ import annotations
+
+import math
+
+from impala_jax.core.optim import OptimizerSpec
+from impala_jax.rllib.config_checks import batch_layout
+from impala_jax.runtime.learner import LossSpec, StepSpec
+
+
+def optimizer_spec(config) -> OptimizerSpec:
+    return OptimizerSpec(
+        opt_type=config.opt_type,
+        lr=config.resolved_lr,
+        grad_clip=config.grad_clip,
+        grad_clip_by=config.grad_clip_by,
+        decay=config.decay,
+        momentum=config.momentum,
+        epsilon=config.epsilon,
+        rmsprop_initial_scale=config.rmsprop_initial_scale,
+        separate_vf_optimizer=config._separate_vf_optimizer,
+        lr_vf=config._lr_vf,
+        # Never apply a non-finite update on device; train() stops the run instead.
+        max_consecutive_non_finite=2**31 - 1,
+    )
+
+
+def loss_spec(config) -> LossSpec:
+    return LossSpec(
+        gamma=config.gamma,
+        vf_loss_coeff=config.vf_loss_coeff,
+        entropy_coeff=config.resolved_entropy_coeff,  # optim.piecewise_linear validates it
+        clip_rho_threshold=config.vtrace_clip_rho_threshold,
+        clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
+        clip_rewards=clip_rewards(config),
+        loss_reduction=config.loss_reduction,
+    )
+
+
+def step_spec(config, num_devices: int) -> StepSpec:
+    """The learner's static batch layout; `config.validate()` has already checked it."""
+    layout = batch_layout(config)
+    T, columns, replay_columns = layout.fragment_length, layout.columns, layout.replay_columns
+    replay_slots = 0
+    if replay_columns:
+        replay_slots = math.ceil(config.replay_buffer_num_slots / num_devices)
+    total = columns + replay_columns
+    if config.minibatch_size is None:
+        mb = total
+    else:
+        global_mb = config.minibatch_size // T
+        mb = global_mb // num_devices
+        if global_mb % num_devices or mb == 0 or total % mb:
+            raise ValueError(
+                f"training(minibatch_size={config.minibatch_size}) does not split the per-device "
+                f"batch of {total} fragments of {T} steps ({columns} new + {replay_columns} "
+                f"replayed) over {num_devices} learner device(s) into equal minibatches."
+            )
+    return StepSpec(
+        columns=columns,
+        replay_columns=replay_columns,
+        replay_slots=replay_slots,
+        minibatch_columns=mb,
+        # With a minibatch buffer, epochs are passes over the host-side ring of batches
+        # (buffers.MinibatchBuffer); otherwise they run inside the one compiled step.
+        num_epochs=1 if config.minibatch_buffer_size > 1 else config.num_epochs,
+        shuffle=bool(config.shuffle_batch_per_epoch),
+        log_gradients=bool(config.log_gradients),
+    )
+
+
+def clip_rewards(config):
+    if config.clip_rewards is None:
+        # RLlib clips Atari rewards by default; is_atari=None: detected from the env id.
+        is_atari = config.is_atari
+        if is_atari is None:
+            from impala_jax.runtime.envs import is_atari_id
+
+            is_atari = is_atari_id(config.env)
+        return True if is_atari else None
+    return config.clip_rewards

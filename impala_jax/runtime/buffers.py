@@ -1,0 +1,237 @@
+"""Host-side buffering between EnvRunners and the learner.
+
+fragments --(LearnerQueue, bounded)--> Batcher --(loader threads: stack, device_put)--> prefetch
+slots --> learner. Replay slots live on the learner devices (see learner.py), so mixin replay
+costs no host-device traffic.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+from impala_jax.core.types import Trajectory
+from impala_jax.runtime.metrics import Timers
+
+
+class LearnerQueueTimeout(RuntimeError):
+    pass
+
+
+class LearnerQueue:
+    """Bounded fragment queue (``learner_queue_size``) between runner threads and loaders.
+
+    Both sides poll with short waits so that a stop request (or an abandoned runner) is seen
+    promptly; how long the learner may wait in all is enforced by the algorithm
+    (``learner_queue_timeout``).
+    """
+
+    def __init__(self, maxsize: int):
+        self._q: queue.Queue = queue.Queue(maxsize)
+
+    def put(self, item, stop: threading.Event) -> bool:
+        """Blocks while full; False when ``stop`` is set before there is room."""
+        while not stop.is_set():
+            try:
+                self._q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def get(self, stop: threading.Event):
+        """The next fragment, or None once ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                return self._q.get(timeout=0.05)
+            except queue.Empty:
+                continue
+        return None
+
+    def qsize(self) -> int:
+        return self._q.qsize()
+
+
+class Batcher:
+    """Cuts fragments into batches of exactly ``columns`` trajectories along B."""
+
+    def __init__(self, columns: int):
+        self.columns = columns
+        self._parts: list[Trajectory] = []
+        self._have = 0
+
+    def add(self, traj: Trajectory) -> list[list[Trajectory]]:
+        """Adds a fragment; returns the complete batches (as lists of column slices)."""
+        out = []
+        while traj is not None:
+            need = self.columns - self._have
+            b = traj.reward.shape[1]
+            if b <= need:
+                self._parts.append(traj)
+                self._have += b
+                traj = None
+            else:
+                self._parts.append(_columns(traj, slice(0, need)))
+                self._have += need
+                traj = _columns(traj, slice(need, b))
+            if self._have == self.columns:
+                out.append(self._parts)
+                self._parts, self._have = [], 0
+        return out
+
+
+def _columns(traj: Trajectory, cols: slice) -> Trajectory:
+    return jax.tree.map(lambda x: x[cols] if x.ndim == 1 else x[:, cols], traj)
+
+
+def stack(parts: list[Trajectory]) -> Trajectory:
+    """Concatenates fragments along B (param_version is [B], the rest time-major, a recurrent
+    core_state [K, B, ...] too)."""
+    if len(parts) == 1:
+        return parts[0]
+    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0 if xs[0].ndim == 1 else 1), *parts)
+
+
+class Loader:
+    """Fragments -> batches -> device, into prefetch slots.
+
+    ``num_gpu_loader_threads`` threads copy batches to the devices. Without aggregator threads
+    (``num_aggregator_actors_per_learner=0``) they also cut and stack the batches themselves;
+    with N of them, N threads do the cutting and stacking on the host (RLlib's aggregator
+    actors) and hand at most N x ``max_requests_in_flight_per_aggregator_actor`` stacked
+    batches to the loader threads, which then only copy. The batcher is shared under a lock so
+    no thread hoards half a batch; stacking and copies run outside it, in parallel.
+    ``num_multi_gpu_tower_stacks`` bounds how many device batches wait for the learner.
+    """
+
+    def __init__(
+        self,
+        source: LearnerQueue,
+        batcher: Batcher,
+        to_device: Callable[[Trajectory], object],
+        num_threads: int,
+        num_slots: int,
+        stop: threading.Event,
+        num_aggregators: int = 0,
+        aggregator_queue_size: int = 1,
+    ):
+        self._source = source
+        self._batcher = batcher
+        self._to_device = to_device
+        self._stop = stop
+        self._lock = threading.Lock()
+        self._ready: list[list[Trajectory]] = []
+        self.slots: queue.Queue = queue.Queue(num_slots)
+        self._stacked: queue.Queue | None = None
+        self.timers = Timers()
+        self.error: BaseException | None = None
+        self.threads = [
+            threading.Thread(target=self._run, name=f"loader-{i}", daemon=True)
+            for i in range(num_threads)
+        ]
+        if num_aggregators:
+            self._stacked = queue.Queue(num_aggregators * aggregator_queue_size)
+            self.threads += [
+                threading.Thread(target=self._aggregate, name=f"aggregator-{i}", daemon=True)
+                for i in range(num_aggregators)
+            ]
+        for t in self.threads:
+            t.start()
+
+    def _next_parts(self):
+        with self._lock:
+            while not self._ready:
+                traj = self._source.get(self._stop)
+                if traj is None:
+                    return None
+                self._ready.extend(self._batcher.add(traj))
+            return self._ready.pop(0)
+
+    def _put(self, q: queue.Queue, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _next_host_batch(self) -> Trajectory | None:
+        if self._stacked is None:
+            parts = self._next_parts()
+            if parts is None:
+                return None
+            with self.timers.time("stack"):
+                return stack(parts)
+        while not self._stop.is_set():
+            try:
+                return self._stacked.get(timeout=0.05)
+            except queue.Empty:
+                continue
+        return None
+
+    def _aggregate(self) -> None:
+        try:
+            while not self._stop.is_set():
+                parts = self._next_parts()
+                if parts is None:
+                    return
+                with self.timers.time("stack"):
+                    host = stack(parts)
+                if not self._put(self._stacked, host):
+                    return
+        except BaseException as err:  # raised in the learner's thread by get()
+            self.error = err
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                host = self._next_host_batch()
+                if host is None:
+                    return
+                with self.timers.time("transfer"):
+                    item = (self._to_device(host), host.param_version)
+                if not self._put(self.slots, item):
+                    return
+        except BaseException as err:  # raised in the learner's thread by get()
+            self.error = err
+
+    def get(self, timeout: float):
+        """The next (device batch, param versions), or None after ``timeout`` seconds."""
+        if self.error is not None:
+            raise self.error
+        try:
+            return self.slots.get(timeout=timeout)
+        except queue.Empty:
+            if self.error is not None:
+                raise self.error from None
+            return None
+
+
+class MinibatchBuffer:
+    """RLlib's minibatch buffer: ``size`` device batches, each used ``num_epochs`` times.
+
+    Batches are served round-robin, so reuse of one batch is interleaved with the others
+    instead of back to back; a slot whose batch is used up takes the next new batch.
+    """
+
+    def __init__(self, size: int, num_epochs: int, next_batch):
+        self._next = next_batch
+        self._num_epochs = num_epochs
+        self._slots: list = [None] * size
+        self._uses_left = [0] * size
+        self._idx = 0
+
+    def next_batch(self):
+        i = self._idx
+        if self._uses_left[i] <= 0:
+            self._slots[i] = None  # release the device batch before fetching the next
+            self._slots[i] = self._next()
+            self._uses_left[i] = self._num_epochs
+        self._uses_left[i] -= 1
+        self._idx = (i + 1) % len(self._slots)
+        return self._slots[i]

@@ -1,0 +1,449 @@
+"""RLlib-style callbacks (``config.callbacks(...)``); they log to metrics_logger.MetricsLogger.
+
+RLlib 2.60's two forms both work: a callbacks class (``RLlibCallback`` subclass, from
+``ray.rllib.callbacks.callbacks`` or from here; a list of classes too), instantiated once for the
+algorithm and once per env runner, as RLlib does; and per-event callables
+(``callbacks(on_train_result=fn)``, a callable or a list), called after the class methods. Both
+get RLlib's keyword arguments:
+
+- ``on_algorithm_init(algorithm, metrics_logger)``: end of ``IMPALA.__init__``.
+- ``on_train_result(algorithm, metrics_logger, result)``: end of ``train()``; ``result`` may be
+  mutated. Values logged here land in the next result (RLlib reduces its logger before).
+- ``on_evaluate_start(algorithm, metrics_logger)`` / ``on_evaluate_end(algorithm,
+  metrics_logger, evaluation_metrics)``: around ``IMPALA.evaluate()``.
+- ``on_checkpoint_loaded(algorithm)``: after ``restore()`` (so also in ``from_checkpoint``).
+- ``on_episode_start`` / ``on_episode_end(episode, env_runner, metrics_logger, env, env_index,
+  rl_module)`` (``on_episode_end`` also gets ``prev_episode_chunks=[]``): in the thread that steps
+  the env: a runner thread, the main thread in lockstep mode, the evaluation thread.
+
+Algorithm-level values (``algorithm.metrics``) land at the top level of the result; episode
+values under ``env_runners/`` (``evaluation/env_runners/`` for evaluation episodes), as in RLlib.
+RLlib's other hooks are not called here: overriding one, or passing it as a keyword, is an error
+at build (`UNSUPPORTED_HOOKS` says why for each). This module imports neither ray nor jax.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from impala_jax.runtime.metrics_logger import MetricsLogger
+
+__all__ = [
+    "DefaultCallbacks",
+    "Episode",
+    "MetricsLogger",
+    "RLlibCallback",
+    "SUPPORTED_HOOKS",
+    "UNSUPPORTED_HOOKS",
+]
+
+ALGORITHM_HOOKS = (
+    "on_algorithm_init",
+    "on_train_result",
+    "on_evaluate_start",
+    "on_evaluate_end",
+    "on_checkpoint_loaded",
+)
+EPISODE_HOOKS = ("on_episode_start", "on_episode_end")
+SUPPORTED_HOOKS = ALGORITHM_HOOKS + EPISODE_HOOKS
+
+_NO_OFFLINE = "impala_jax has no offline evaluation"
+_OLD_STACK = "an old-API-stack hook, which RLlib 2.60's new stack does not call either"
+UNSUPPORTED_HOOKS = {
+    "on_evaluate_offline_start": _NO_OFFLINE,
+    "on_evaluate_offline_end": _NO_OFFLINE,
+    "on_offline_eval_runners_recreated": _NO_OFFLINE,
+    "on_env_runners_recreated": (
+        "impala_jax does not call it (restarts are counted in "
+        "fault_tolerance/num_remote_worker_restarts)"
+    ),
+    "on_environment_created": "impala_jax does not call it (envs are built inside the runners)",
+    "on_episode_created": "impala_jax does not call it; use on_episode_start",
+    "on_episode_step": (
+        "impala_jax keeps no per-step episode data on the host (steps go straight into "
+        "fragments); use on_episode_end"
+    ),
+    "on_sample_end": "impala_jax does not call it (runners sample fragments, not episodes)",
+    "on_sub_environment_created": _OLD_STACK,
+    "on_postprocess_trajectory": _OLD_STACK,
+    "on_create_policy": _OLD_STACK,
+    "on_learn_on_batch": _OLD_STACK,
+    "on_workers_recreated": _OLD_STACK,
+}
+# The per-event keywords of RLlib 2.60's AlgorithmConfig.callbacks(), in its order.
+CALLBACK_KEYWORDS = (
+    "on_algorithm_init",
+    "on_train_result",
+    "on_evaluate_start",
+    "on_evaluate_end",
+    "on_evaluate_offline_start",
+    "on_evaluate_offline_end",
+    "on_env_runners_recreated",
+    "on_offline_eval_runners_recreated",
+    "on_checkpoint_loaded",
+    "on_environment_created",
+    "on_episode_created",
+    "on_episode_start",
+    "on_episode_step",
+    "on_episode_end",
+    "on_sample_end",
+)
+
+
+class RLlibCallback:
+    """Base class of a callbacks class; every hook is a no-op (RLlib's ``RLlibCallback``).
+
+    Subclass it (or RLlib's own) and override the hooks you need; the keyword arguments are
+    RLlib's (see the module docstring). ``DefaultCallbacks`` is the same class (RLlib's old name).
+    """
+
+    def on_algorithm_init(self, *, algorithm, metrics_logger=None, **kwargs) -> None:
+        pass
+
+    def on_train_result(self, *, algorithm, metrics_logger=None, result: dict, **kwargs) -> None:
+        pass
+
+    def on_evaluate_start(self, *, algorithm, metrics_logger=None, **kwargs) -> None:
+        pass
+
+    def on_evaluate_end(
+        self, *, algorithm, metrics_logger=None, evaluation_metrics: dict, **kwargs
+    ) -> None:
+        pass
+
+    def on_checkpoint_loaded(self, *, algorithm, **kwargs) -> None:
+        pass
+
+    def on_episode_start(
+        self,
+        *,
+        episode,
+        env_runner=None,
+        metrics_logger=None,
+        env=None,
+        env_index: int,
+        rl_module=None,
+        **kwargs,
+    ) -> None:
+        pass
+
+    def on_episode_end(
+        self,
+        *,
+        episode,
+        prev_episode_chunks=None,
+        env_runner=None,
+        metrics_logger=None,
+        env=None,
+        env_index: int,
+        rl_module=None,
+        **kwargs,
+    ) -> None:
+        pass
+
+
+DefaultCallbacks = RLlibCallback
+
+
+def _is_base(cls: type) -> bool:
+    """A class whose hooks are no-ops: ours, RLlib's RLlibCallback / DefaultCallbacks, object."""
+    if cls is RLlibCallback or cls is object:
+        return True
+    return cls.__module__.startswith("ray.rllib.") and cls.__name__ in (
+        "RLlibCallback",
+        "DefaultCallbacks",
+    )
+
+
+def overrides(cls: type, hook: str) -> bool:
+    """Whether `cls` (or a parent that is not a base class) defines `hook`."""
+    for klass in cls.__mro__:
+        if hook in vars(klass):
+            return not _is_base(klass)
+    return False
+
+
+def unsupported_overrides(cls: type) -> list[str]:
+    """The hooks `cls` overrides that impala_jax does not call."""
+    return [hook for hook in UNSUPPORTED_HOOKS if overrides(cls, hook)]
+
+
+def resolve(value: Any, field: str) -> Any:
+    """`value`, or the object its import path names: "pkg.mod:Name" (checkpoints) or
+    "pkg.mod.Name" (RLlib's spelling)."""
+    if not isinstance(value, str):
+        return value
+    module, sep, qualname = value.partition(":")
+    if not sep:
+        module, _, qualname = value.rpartition(".")
+    if not module or not qualname or "<" in qualname:
+        raise ValueError(
+            f"callbacks({field}={value!r}): not an importable path. Checkpoints store callbacks "
+            "by import path, so a lambda or a function or class defined inside another function "
+            "cannot be restored from one: define it at module level, or build from your config "
+            "and call algo.restore(path)."
+        )
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(
+            f"callbacks({field}={value!r}): cannot import {qualname!r} from {module!r} ({err})."
+        ) from err
+    return obj
+
+
+def _as_list(value: Any) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+class Callbacks:
+    """The receivers of every hook for one component (the algorithm, or one env runner)."""
+
+    def __init__(self, objects: list, receivers: dict[str, list[Callable]]):
+        self.objects = objects  # the callbacks_class instances (RLlib's ``algo.callbacks``)
+        self._receivers = receivers
+
+    @classmethod
+    def from_config(cls, config) -> Callbacks:
+        """Resolves import paths, checks every hook is one impala_jax calls, instantiates the
+        callbacks classes. Raises ValueError naming the field, the hook and the fix."""
+        classes = [resolve(c, "callbacks_class") for c in _as_list(config.callbacks_class)]
+        for klass in classes:
+            if not isinstance(klass, type):
+                raise ValueError(
+                    f"callbacks(callbacks_class={klass!r}): expected a class (an RLlibCallback "
+                    "subclass), its import path, or a list of them."
+                )
+            bad = unsupported_overrides(klass)
+            if bad:
+                raise ValueError(
+                    f"callbacks(callbacks_class={klass.__qualname__}) overrides "
+                    + "; ".join(f"{hook}, which {UNSUPPORTED_HOOKS[hook]}" for hook in bad)
+                    + f". Remove it, or move its logic to a hook impala_jax calls: "
+                    f"{', '.join(SUPPORTED_HOOKS)}."
+                )
+        for hook in UNSUPPORTED_HOOKS:
+            if getattr(config, hook, None) is not None:
+                raise ValueError(
+                    f"callbacks({hook}=...): {UNSUPPORTED_HOOKS[hook]}. Use one of "
+                    f"{', '.join(SUPPORTED_HOOKS)}."
+                )
+        objects = [klass() for klass in classes]
+        receivers: dict[str, list[Callable]] = {}
+        for hook in SUPPORTED_HOOKS:
+            fns = [getattr(o, hook) for o in objects if overrides(type(o), hook)]
+            for fn in _as_list(getattr(config, hook)):
+                fn = resolve(fn, hook)
+                if not callable(fn):
+                    raise ValueError(
+                        f"callbacks({hook}={fn!r}): expected a callable or a list of callables."
+                    )
+                fns.append(fn)
+            if fns:
+                receivers[hook] = fns
+        return cls(objects, receivers)
+
+    def has(self, hook: str) -> bool:
+        return hook in self._receivers
+
+    @property
+    def empty(self) -> bool:
+        """No callbacks class and no callable: nothing of the user's runs at any hook."""
+        return not (self.objects or self._receivers)
+
+    def call(self, hook: str, **kwargs) -> None:
+        """Class methods first, then the per-event callables, in order (RLlib's order).
+
+        An exception from one is re-raised as `UserCodeError` naming the hook and the callable
+        (the original, with its traceback, is its ``__cause__``): a bug in user code, which no
+        restart fixes."""
+        for fn in self._receivers.get(hook, ()):
+            try:
+                fn(**kwargs)
+            except Exception as err:
+                raise UserCodeError(f"the {hook} callback {describe(fn)}", err) from err
+
+
+class UserCodeError(RuntimeError):
+    """User code (a callback, a custom evaluation function) raised: the run stops, not retried.
+
+    The message names the code and the error, with the original traceback in it; the original
+    exception is ``__cause__``."""
+
+    def __init__(self, what: str, error: BaseException):
+        import traceback
+
+        trace = "".join(traceback.format_exception(error)).rstrip()
+        super().__init__(
+            f"{what} raised {type(error).__name__}: {error}\n"
+            f"original traceback:\n{trace}\n"
+            "training stopped (threads ended, checkpoints already written are intact)."
+        )
+        self.error = error
+
+
+def describe(fn) -> str:
+    """``module.qualname`` of a callable (a bound method names its class)."""
+    owner = getattr(fn, "__self__", None)
+    if owner is not None and not isinstance(owner, type):
+        cls = type(owner)
+        return f"{cls.__module__}.{cls.__qualname__}.{getattr(fn, '__name__', fn)}"
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module else name
+
+
+_NO_HISTORY = (
+    "impala_jax's episodes keep no per-step data on the host (steps go straight into "
+    "fragments): an episode callback can read get_return(), len(episode), is_terminated, "
+    "is_truncated, get_duration_s(), id_ and custom_data."
+)
+
+
+class Episode:
+    """The ``episode`` an episode callback gets: the part of RLlib's SingleAgentEpisode that
+    impala_jax has. The same object goes to on_episode_start and on_episode_end, so
+    ``custom_data`` carries state from one to the other. It is always a whole episode (RLlib
+    may hand over the last chunk; here ``prev_episode_chunks`` is ``[]``)."""
+
+    def __init__(self, env_index: int):
+        self.id_ = uuid.uuid4().hex
+        self.env_index = env_index  # impala_jax's: the env within its runner
+        self.custom_data: dict = {}
+        self.is_terminated = False
+        self.is_truncated = False
+        self.t_started = 0
+        self._return = 0.0
+        self._length = 0
+        self._started = time.perf_counter()
+        self._ended: float | None = None
+
+    @property
+    def is_done(self) -> bool:
+        return self.is_terminated or self.is_truncated
+
+    @property
+    def t(self) -> int:
+        return self._length
+
+    def get_return(self) -> float:
+        """Sum of the raw (unclipped) rewards; 0.0 in on_episode_start."""
+        return self._return
+
+    def __len__(self) -> int:
+        return self._length
+
+    def env_steps(self) -> int:
+        return self._length
+
+    def agent_steps(self) -> int:
+        return self._length
+
+    def get_duration_s(self) -> float:
+        return (self._ended or time.perf_counter()) - self._started
+
+    def _finish(self, ret: float, length: int, terminated: bool) -> None:
+        self._return, self._length = float(ret), int(length)
+        self.is_terminated, self.is_truncated = bool(terminated), not terminated
+        self._ended = time.perf_counter()
+
+    def get_observations(self, *args, **kwargs):
+        raise NotImplementedError(_NO_HISTORY)
+
+    get_actions = get_rewards = get_infos = get_extra_model_outputs = get_observations
+
+    def __repr__(self) -> str:
+        return f"Episode(id_={self.id_!r}, len={self._length}, return={self._return:g})"
+
+
+class EpisodeCallbacks:
+    """on_episode_start / on_episode_end for the envs of one env runner (or the evaluation).
+
+    Made only when one of the two hooks has a receiver (`make` returns None otherwise), so the
+    stepping loop pays one ``is None`` test per step without callbacks. ``env_runner`` is what
+    the callbacks get as ``env_runner``.
+    """
+
+    def __init__(self, callbacks: Callbacks, env_runner: Any, metrics_logger: MetricsLogger):
+        self._callbacks = callbacks
+        self._runner = env_runner
+        self.metrics = metrics_logger
+        self._episodes: dict[int, Episode] = {}  # env index -> its running episode
+        self._groups: dict[int, Any] = {}  # first env index -> the env group seen there
+        self._first: dict[int, int] = {}  # id(group) -> its first env index
+        self._detached = False
+
+    @classmethod
+    def make(cls, config, env_runner, metrics_logger) -> EpisodeCallbacks | None:
+        callbacks = Callbacks.from_config(config)
+        if not any(callbacks.has(h) for h in EPISODE_HOOKS):
+            return None
+        return cls(callbacks, env_runner, metrics_logger)
+
+    def detach(self) -> None:
+        """A retired runner's later episodes call nothing and log nothing."""
+        with self.metrics.lock:
+            self._detached = True
+
+    def begin(self, groups: list) -> None:
+        """Before stepping ``groups``: envs of a group not seen before (new or rebuilt) start
+        new episodes. A group has ``env`` (with ``num_envs``), ``episode_return``,
+        ``episode_len``."""
+        first = 0
+        for g in groups:
+            if self._groups.get(first) is not g:
+                self._groups[first] = g
+                self._first = {id(x): i for i, x in self._groups.items()}
+                for i in range(g.env.num_envs):
+                    self._start(first + i, g.env)
+            first += g.env.num_envs
+
+    def step(self, g, started, done, terminated, log=None, limit: int | None = None) -> int:
+        """After one env step of group ``g`` (its return and length already updated, not yet
+        reset): envs whose observation is a reset one start an episode; the first ``limit``
+        (None: all) finished episodes, in env order, end, and are added to ``log`` together
+        with what their callbacks logged. Returns how many ended."""
+        first = self._first[id(g)]
+        for i in started.nonzero()[0].tolist():
+            self._start(first + i, g.env)
+        idx = done.nonzero()[0][:limit]
+        if not len(idx):
+            return 0
+        returns, lengths = g.episode_return[idx], g.episode_len[idx]
+        with self.metrics.lock:  # an iteration's episodes and their metrics stay together
+            if self._detached:
+                return 0
+            for i, ret, length in zip(
+                idx.tolist(), returns.tolist(), lengths.tolist(), strict=True
+            ):
+                episode = self._episodes.pop(first + i)
+                episode._finish(ret, length, terminated[i])
+                self._call("on_episode_end", episode, first + i, g.env, prev_episode_chunks=[])
+            if log is not None:
+                log.add(returns, lengths)
+        return len(idx)
+
+    def _start(self, env_index: int, env) -> None:
+        episode = self._episodes[env_index] = Episode(env_index)
+        if self._callbacks.has("on_episode_start") and not self._detached:
+            self._call("on_episode_start", episode, env_index, env)
+
+    def _call(self, hook: str, episode: Episode, env_index: int, env, **extra) -> None:
+        self._callbacks.call(
+            hook,
+            episode=episode,
+            env_runner=self._runner,
+            metrics_logger=self.metrics,
+            env=env,
+            env_index=env_index,
+            rl_module=None,  # impala_jax has no RLModule object; params: env_runner.param_store
+            **extra,
+        )

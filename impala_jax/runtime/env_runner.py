@@ -1,0 +1,534 @@
+"""The actor side: a jitted policy stepping vectorised envs into Trajectory fragments.
+
+An EnvRunner owns ``num_envs_per_env_runner`` envs. When that is an even number of at least 8
+and the machine has cores to spare, they are split into two envpool instances that are stepped
+in turn: while one group's envs step in envpool's C++ threads, this thread runs inference for
+the other (the double-buffering of Sebulba, Hessel et al. 2021). Each group yields its own
+fragment of ``[T+1, B/2]``.
+
+Per env step the Python work is: recv, one ``act`` call, send, and array writes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from impala_jax.core.types import Trajectory
+from impala_jax.runtime.callbacks import EpisodeCallbacks, UserCodeError
+from impala_jax.runtime.envs import ActionAdapter, EnvpoolVecEnv, VecEnv, make_vec_env
+from impala_jax.runtime.host_actor import HostActor, no_gil_yield
+from impala_jax.runtime.metrics import Timers
+from impala_jax.runtime.metrics_logger import MetricsLogger
+
+
+def make_act_fns(networks, distribution):
+    """The actor's compile boundary: ``act(params, obs, key) -> (action, dist_inputs, key)``."""
+
+    def act(params, obs, key):
+        key, sample_key = jax.random.split(key)
+        dist_inputs, _ = networks.apply(params, obs)
+        return distribution.sample(sample_key, dist_inputs), dist_inputs, key
+
+    def act_greedy(params, obs):
+        dist_inputs, _ = networks.apply(params, obs)
+        return distribution.mode(dist_inputs), dist_inputs
+
+    return jax.jit(act), jax.jit(act_greedy)
+
+
+def actor_key(seed: int, params, act=None):
+    """The first key an actor passes to ``act``: for a ``HostActor`` its Generator, else a PRNG
+    key placed where ``params`` are. ``act`` returns its next key committed there, so a first
+    key placed anywhere else (a fresh key is uncommitted) compiles ``act`` a second time on the
+    second call: 0.4-0.6 s of a CartPole start on 2 cores."""
+    if isinstance(act, HostActor):
+        return act.key(seed)
+    return jax.device_put(jax.random.key(seed), jax.tree.leaves(params)[0].sharding)
+
+
+# How many versions a NumPy actor's params may trail the newest published while those are
+# computed (EnvRunner._params): the learner dispatches steps ahead of their computation, and
+# without a bound the runner kept acting with params 31 versions old.
+MAX_ACTING_LAG = 2
+
+
+@jax.jit
+def _copy_leaves(leaves: list) -> list:
+    """Fresh buffers holding ``leaves`` (on their devices): one dispatch for a whole tree."""
+    return [jnp.copy(x) for x in leaves]
+
+
+class ParamStore:
+    """The newest params on the actor device, with a version that counts publications."""
+
+    def __init__(self, params, device):
+        self._device = device
+        self._lock = threading.Lock()
+        self.version = 0
+        self._params = self._to_actor(params)
+        self._previous: tuple[Any, int] = (None, -1)  # the publication before (get_computed)
+
+    def _to_actor(self, params):
+        # A copy, never an alias: the learner donates its buffers on the next step. One
+        # compiled copy of every leaf: a jnp.copy per leaf cost ~0.5 ms of the main thread's
+        # (GIL-holding) time per publication for CartPole's 6 leaves, against ~0.03 ms.
+        leaves, treedef = jax.tree.flatten(params)
+        return jax.tree.unflatten(treedef, _copy_leaves([self._on_device(x) for x in leaves]))
+
+    def _on_device(self, x):
+        # The params are replicated over the learner devices (over several processes: global
+        # arrays); start from the copy on the actor's device when there is one (its buffer,
+        # not a copy: _copy_leaves copies).
+        if not isinstance(x, jax.Array):
+            return jax.device_put(x, self._device)
+        for shard in x.addressable_shards:
+            if shard.device == self._device:
+                return shard.data
+        return jax.device_put(x.addressable_data(0), self._device, may_alias=False)
+
+    def publish(self, params) -> None:
+        params = self._to_actor(params)
+        with self._lock:
+            self._previous = (self._params, self.version)
+            self._params = params
+            self.version += 1
+
+    def get(self) -> tuple[Any, int]:
+        with self._lock:
+            return self._params, self.version
+
+    def get_computed(self) -> tuple[Any, int] | None:
+        """The newest of the last two publications whose arrays are computed (the learner
+        publishes a step's params as it dispatches it, so the newest often are not yet; the
+        one before usually are), or None."""
+        with self._lock:
+            candidates = [(self._params, self.version), self._previous]
+        for params, version in candidates:
+            if params is not None and all(x.is_ready() for x in jax.tree.leaves(params)):
+                return params, version
+        return None
+
+
+class EnvOutputError(ValueError):
+    """An env returned something impala_jax cannot train on; restarting will not help."""
+
+
+class _Group:
+    """One VecEnv and the state carried between its fragments."""
+
+    def __init__(self, env: VecEnv, adapter: ActionAdapter):
+        self.env = env
+        self.adapter = adapter
+        n = env.num_envs
+        self.obs = None
+        self.prev_done = np.zeros(n, bool)  # obs is a final observation: next row is a reset row
+        self.episode_return = np.zeros(n, np.float64)
+        self.episode_len = np.zeros(n, np.int64)
+        # A recurrent policy's (core state, prev action, prev reward, reset) per env.
+        self.carry = None
+
+
+def initial_carry(actor, n: int, action_space):
+    """A recurrent actor's carry for ``n`` fresh envs: zero state, every row a reset row."""
+    discrete = not getattr(action_space, "shape", ())
+    prev_action = (
+        np.zeros(n, np.int32) if discrete else np.zeros((n, *action_space.shape), np.float32)
+    )
+    return actor.initial_state(n), prev_action, np.zeros(n, np.float32), np.ones(n, bool)
+
+
+class EpisodeLog:
+    """Finished episodes (raw-reward return, length), appended by runners, drained by train()."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._episodes: deque = deque()
+
+    def add(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        with self._lock:
+            self._episodes.extend(zip(returns.tolist(), lengths.tolist(), strict=True))
+
+    def drain(self) -> list[tuple[float, int]]:
+        with self._lock:
+            out = list(self._episodes)
+            self._episodes.clear()
+        return out
+
+
+class EnvRunner:
+    """Steps its envs with the newest params and produces Trajectory fragments."""
+
+    def __init__(
+        self,
+        config,
+        index: int,
+        act: Callable,
+        act_greedy: Callable,
+        param_store: ParamStore,
+        seed: int,
+        explore: bool = True,
+        num_envs: int | None = None,
+        metrics_logger: MetricsLogger | None = None,
+    ):
+        self.index = index
+        self.T = config.get_rollout_fragment_length()
+        self.explore = explore
+        self._act, self._act_greedy = act, act_greedy
+        self.param_store = param_store
+        self.timers = Timers()
+        self.episodes = EpisodeLog()
+        # RLlib's EnvRunner.config / .metrics, which episode callbacks read and log to.
+        self.config = config
+        self.metrics = metrics_logger if metrics_logger is not None else MetricsLogger()
+        # on_episode_start/_end; None without them, so stepping pays one `is None` per step.
+        self.episode_callbacks = EpisodeCallbacks.make(config, self, self.metrics)
+        self.env_steps = 0
+        self._seed = seed
+        self._check = not config.disable_env_checking
+        self.num_env_restarts = 0
+        self.num_dropped_episodes = 0
+        self.heartbeat = time.monotonic()
+        num_envs = num_envs or config.num_envs_per_env_runner
+        self._sizes = self.group_sizes(num_envs)
+        self.groups: list[_Group] = []
+        self._key = actor_key(seed, param_store.get()[0], act)
+        # A NumPy actor reads the params on the host, so it would wait for the learner step
+        # still computing newly published ones; in a runner thread (not lockstep, which must
+        # repeat exactly) it acts with computed ones at most MAX_ACTING_LAG behind (_params).
+        self._acting: tuple[Any, int] | None = None
+        self._waits_for_params = isinstance(act, HostActor) and config.num_env_runners > 0
+        # A RecurrentActor (recurrent.py) when the policy is recurrent: rows carry its state.
+        self._recurrent = act if hasattr(act, "initial_state") else None
+        self._make_envs(seed)
+        self.observation_space = self.groups[0].env.observation_space
+        self.action_space = self.groups[0].env.action_space
+
+    # Two alternating groups overlap this thread's inference with envpool's stepping, which
+    # needs a core to spare: on 2 cores one group of 256 CartPole envs ran ~10 % faster than
+    # two of 128 (benchmarks/README.md). Class attribute, so tests can force either layout.
+    split_min_cpus = 4
+
+    @classmethod
+    def group_sizes(cls, num_envs: int) -> list[int]:
+        """Two groups stepped in turn when the envs split evenly and there are spare cores."""
+        cpus = os.cpu_count() or 1
+        if num_envs >= 8 and num_envs % 2 == 0 and cpus >= cls.split_min_cpus:
+            return [num_envs // 2] * 2
+        return [num_envs]
+
+    def _make_envs(self, seed: int) -> None:
+        config = self.config
+        self.steps_since_rebuild = 0  # env steps (send/recv rounds) since the envs were built
+        offset = 0
+        for size in self._sizes:
+            # envpool seeds env i with seed + i: space the seeds so no two envs share one.
+            env = make_vec_env(
+                config.env,
+                size,
+                seed + offset,
+                config.env_config,
+                config.gym_env_vectorize_mode,
+                num_cpus=config.num_cpus_per_env_runner,
+                # A creator's EnvContext, numbered as RLlib does: 0 is the main thread.
+                worker_index=self.index + 1 if config.num_env_runners and self.index >= 0 else 0,
+                num_workers=config.num_env_runners,
+                first_vector_index=offset,
+            )
+            self.groups.append(
+                _Group(
+                    env,
+                    ActionAdapter(
+                        env.action_space, config.normalize_actions, config.clip_actions, env.name
+                    ),
+                )
+            )
+            offset += size
+        # envpool releases the GIL while it steps: a NumPy actor need not yield it as well.
+        self._envs_release_gil = all(isinstance(g.env, EnvpoolVecEnv) for g in self.groups)
+        for g in self.groups:
+            g.env.async_reset()
+            g.obs = self._checked(g, g.env.recv()[0], None)
+            if self._recurrent is not None:
+                g.carry = initial_carry(self._recurrent, g.env.num_envs, g.env.action_space)
+
+    def restart_envs(self) -> None:
+        """Closes and rebuilds every env after a failure; unfinished episodes are dropped."""
+        for g in self.groups:
+            self.num_dropped_episodes += int(np.count_nonzero(g.episode_len))
+            try:
+                g.env.close()
+            except Exception:  # the env is already broken; its replacement matters
+                pass
+        self.groups = []
+        self.num_env_restarts += 1
+        # Fresh seeds, so a restarted env does not replay the episode that broke it.
+        self._make_envs(self._seed + 7919 * self.num_env_restarts * sum(self._sizes))
+
+    def _checked(self, g: _Group, obs: np.ndarray, reward) -> np.ndarray:
+        """Shape, dtype and finiteness of what the env returned (``disable_env_checking``)."""
+        space = g.env.observation_space
+        if obs.shape[1:] != space.shape:
+            raise EnvOutputError(
+                f"env {g.env.name!r} (EnvRunner {self.index}) returned observations of shape "
+                f"{obs.shape[1:]}, but its observation space {space} says {space.shape}; fix "
+                "the env or its observation_space."
+            )
+        if not self._check:
+            return obs
+        if obs.dtype.kind == "f" and not np.isfinite(obs).all():
+            raise EnvOutputError(
+                f"env {g.env.name!r} (EnvRunner {self.index}) returned a non-finite observation; "
+                "fix the env, or allow it with environment(disable_env_checking=True)."
+            )
+        if reward is not None and not np.isfinite(reward).all():
+            raise EnvOutputError(
+                f"env {g.env.name!r} (EnvRunner {self.index}) returned a non-finite reward "
+                f"{reward[~np.isfinite(reward)][0]}; fix the env, or allow it with "
+                "environment(disable_env_checking=True)."
+            )
+        return obs
+
+    def sample(self) -> list[Trajectory]:
+        """One fragment of T steps from every env group."""
+        if self._envs_release_gil:
+            with no_gil_yield():
+                return self._sample()
+        return self._sample()
+
+    def _params(self) -> tuple[Any, int]:
+        """(params, version) to act with for a fragment: the newest published, or for a NumPy
+        actor in a runner thread the newest computed ones of the last two publications, else
+        those it acted with last, but never more than MAX_ACTING_LAG versions behind the
+        newest (then it waits for them). A fragment's version is what acted: policy lag
+        counts it."""
+        newest = self.param_store.get()
+        if not self._waits_for_params or (self._acting and self._acting[1] == newest[1]):
+            return newest  # nothing newer published: no arrays to check
+        acting = self.param_store.get_computed() or self._acting
+        if acting is None or newest[1] - acting[1] > MAX_ACTING_LAG:
+            acting = newest
+        self._acting = acting
+        return acting
+
+    def _sample(self) -> list[Trajectory]:
+        T = self.T
+        params, version = self._params()
+        if self.episode_callbacks is not None:
+            self.episode_callbacks.begin(self.groups)  # new envs start their episodes
+        bufs = []
+        for g in self.groups:
+            n = g.env.num_envs
+            bufs.append(
+                dict(
+                    obs=np.empty((T + 1, n, *g.obs.shape[1:]), g.obs.dtype),
+                    reward=np.empty((T, n), np.float32),
+                    terminated=np.empty((T, n), bool),
+                    truncated=np.empty((T, n), bool),
+                    valid=np.empty((T, n), np.float32),
+                    action=None,
+                    behaviour_logits=None,
+                )
+            )
+        timers = self.timers
+        rec = self._recurrent
+        if rec is not None:
+            for g, buf in zip(self.groups, bufs, strict=True):
+                self._recurrent_buffers(g, buf)
+        for t in range(T):
+            for g, buf in zip(self.groups, bufs, strict=True):
+                buf["obs"][t] = g.obs
+                buf["valid"][t] = ~g.prev_done
+                with timers.time("inference"):
+                    if rec is not None:
+                        self._record_carry(g, buf, t)
+                        if self.explore:
+                            action, dist_inputs, self._key, state = rec(
+                                params, g.obs, self._key, g.carry
+                            )
+                        else:
+                            action, dist_inputs, state = rec.greedy(params, g.obs, g.carry)
+                    elif self.explore:
+                        action, dist_inputs, self._key = self._act(params, g.obs, self._key)
+                    else:
+                        action, dist_inputs = self._act_greedy(params, g.obs)
+                    action = np.asarray(action)
+                    dist_inputs = np.asarray(dist_inputs)
+                if rec is not None:
+                    # The reward comes after the step; obs[t] being a final observation (prev_done)
+                    # makes the next row a reset row (next-step autoreset).
+                    g.carry = (state, action, None, g.prev_done.copy())
+                if buf["action"] is None:
+                    buf["action"] = np.empty((T, *action.shape), action.dtype)
+                    buf["behaviour_logits"] = np.empty((T, *dist_inputs.shape), np.float32)
+                buf["action"][t] = action
+                buf["behaviour_logits"][t] = dist_inputs
+                with timers.time("env_send"):
+                    g.env.send(g.adapter(action, g.env.num_envs))
+            for g, buf in zip(self.groups, bufs, strict=True):
+                with timers.time("env_recv"):
+                    obs, reward, terminated, truncated = g.env.recv()
+                self.steps_since_rebuild += 1
+                obs = self._checked(g, obs, reward)
+                buf["reward"][t] = reward
+                buf["terminated"][t] = terminated
+                buf["truncated"][t] = truncated
+                self._track_episodes(g, reward, terminated, truncated)
+                g.obs = obs
+                if rec is not None:
+                    state, action, _, reset = g.carry
+                    g.carry = (state, action, np.asarray(reward, np.float32), reset)
+        out = []
+        for g, buf in zip(self.groups, bufs, strict=True):
+            buf["obs"][T] = g.obs
+            if rec is not None:
+                self._record_carry(g, buf, T)
+                buf["core_state"] = jax.tree.map(lambda *xs: np.stack(xs), *buf["core_state"])
+            n = g.env.num_envs
+            out.append(Trajectory(param_version=np.full(n, version, np.int32), **buf))
+            self.env_steps += T * n
+        self.heartbeat = time.monotonic()
+        return out
+
+    def _recurrent_buffers(self, g: _Group, buf: dict) -> None:
+        T, n = self.T, g.env.num_envs
+        prev_action = g.carry[1]
+        buf["core_state"] = []  # the state before rows 0, L, 2L, ...: stacked at the end
+        buf["prev_action"] = np.empty((T + 1, *prev_action.shape), prev_action.dtype)
+        buf["prev_reward"] = np.empty((T + 1, n), np.float32)
+        buf["reset"] = np.empty((T + 1, n), bool)
+
+    def _record_carry(self, g: _Group, buf: dict, t: int) -> None:
+        """Row t's prev action, prev reward and reset flag; its state when a chunk starts."""
+        state, prev_action, prev_reward, reset = g.carry
+        if t % self._recurrent.max_seq_len == 0:
+            buf["core_state"].append(jax.tree.map(np.asarray, state))
+        buf["prev_action"][t] = prev_action
+        buf["prev_reward"][t] = prev_reward
+        buf["reset"][t] = reset
+
+    def _track_episodes(self, g: _Group, reward, terminated, truncated) -> None:
+        done = terminated | truncated
+        # A reset row (prev_done) is not a step of any episode: its reward is 0 by construction;
+        # its observation is the first of a new episode.
+        started = g.prev_done
+        real = ~started
+        g.episode_return += reward * real
+        g.episode_len += real
+        g.prev_done = done
+        callbacks = self.episode_callbacks
+        if callbacks is not None:  # records the finished episodes together with their metrics
+            callbacks.step(g, started, done, terminated, self.episodes)
+        if done.any():
+            if callbacks is None:
+                self.episodes.add(g.episode_return[done], g.episode_len[done])
+            g.episode_return[done] = 0.0
+            g.episode_len[done] = 0
+
+    def close(self) -> None:
+        groups, self.groups = self.groups, []
+        for g in groups:
+            g.env.close()
+
+
+# A failure seen this many times in a row, identical each time (same error, same place, same env
+# step since the envs were rebuilt), is a bug in the env, not bad luck: retrying cannot help.
+IDENTICAL_FAILURES_TO_STOP = 3
+
+
+def failure_signature(err: BaseException, runner: EnvRunner) -> tuple:
+    """What makes two failures "the same": type, message, the raising line, and how many env
+    steps after a rebuild it came (a flaky env fails at a random step, a broken one at one)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    where = (frames[-1].filename, frames[-1].lineno) if frames else None
+    steps = getattr(runner, "steps_since_rebuild", None)
+    return (type(err).__name__, str(err)[:1000], where, steps)
+
+
+class RepeatTracker:
+    """Counts identical failures in a row (``failure_signature``); any other failure, or a
+    fragment produced in between (``reset``), starts the count again."""
+
+    def __init__(self):
+        self.signature: tuple | None = None
+        self.count = 0
+
+    def add(self, signature: tuple) -> int:
+        self.count = self.count + 1 if signature == self.signature else 1
+        self.signature = signature
+        return self.count
+
+    def reset(self) -> None:
+        self.signature, self.count = None, 0
+
+
+class RunnerThread(threading.Thread):
+    """Runs an EnvRunner until stopped or abandoned, putting fragments on the learner queue.
+
+    With ``restart_failed_sub_environments`` an exception while sampling rebuilds the envs and
+    sampling goes on (the partial fragment is dropped); otherwise, or after
+    ``num_consecutive_env_runner_failures_tolerance`` failures in a row, the thread ends with
+    ``error`` set and the algorithm decides (restart, ignore, or raise).
+    """
+
+    def __init__(self, runner: EnvRunner, put: Callable, restart_envs: bool, tolerance: int):
+        super().__init__(name=f"EnvRunner-{runner.index}", daemon=True)
+        self.runner = runner
+        self._put = put
+        self._restart_envs = restart_envs
+        self._tolerance = tolerance
+        self.stop_event = threading.Event()  # set by stop() or when the runner is abandoned
+        self.error: BaseException | None = None
+        self.error_traceback: str | None = None
+        self.error_time: float | None = None  # time.time() of the failure
+        self.waiting_on_queue = False
+        # Identical failures in a row, across this thread's env rebuilds.
+        self.repeats = RepeatTracker()
+        self.fragments = 0  # fragments handed to the learner queue
+
+    def run(self) -> None:
+        failures = 0
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    fragments = self.runner.sample()
+                    failures = 0
+                    self.repeats.reset()
+                except (EnvOutputError, UserCodeError):
+                    raise  # bad env output or a callback's bug: no rebuild fixes it
+                except Exception as err:
+                    failures += 1
+                    same = self.repeats.add(failure_signature(err, self.runner))
+                    if not self._restart_envs or failures > self._tolerance:
+                        raise
+                    if same >= IDENTICAL_FAILURES_TO_STOP:
+                        raise  # rebuilding the envs again would fail the same way
+                    self.runner.restart_envs()
+                    continue
+                for traj in fragments:
+                    started = time.perf_counter()
+                    # Waiting for room in the queue is back-pressure from the learner, not a hang.
+                    self.waiting_on_queue = True
+                    if not self._put(traj, self.stop_event):
+                        return
+                    self.waiting_on_queue = False
+                    self.fragments += 1
+                    self.runner.heartbeat = time.monotonic()
+                    self.runner.timers.add("queue_put_wait", time.perf_counter() - started)
+        except BaseException as err:  # reported by train(), which owns the run
+            self.error_traceback = traceback.format_exc()
+            self.error_time = time.time()
+            if self.repeats.signature is None:  # a failure outside sampling (building the envs)
+                self.repeats.add(failure_signature(err, self.runner))
+            self.error = err
+        finally:
+            self.runner.close()

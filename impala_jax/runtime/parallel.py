@@ -1,0 +1,82 @@
+"""Data parallelism over the "learner" mesh axis, written once.
+
+The learner step is a per-device function that averages over ``LEARNER_AXIS``; it is wrapped
+here with ``jax.shard_map`` under ``jax.jit`` (what ``jax.pmap`` itself lowers to since JAX 0.8).
+Batches are time-major, so they are split along axis 1 (B); params and optimizer state are
+replicated; per-device buffers (replay slots) are split along their leading axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from impala_jax.core.types import LEARNER_AXIS
+
+REPLICATED = P()
+TIME_MAJOR = P(None, LEARNER_AXIS)  # [T, B, ...]: split B
+LEADING = P(LEARNER_AXIS)  # [N, ...]: split the leading axis
+
+
+def learner_devices(num_learners: int) -> list:
+    """``num_learners`` devices of the default backend; 0 means one local device, as in RLlib."""
+    devices = jax.devices()
+    n = max(1, num_learners)
+    if n > len(devices):
+        raise ValueError(
+            f"learners(num_learners={num_learners}) needs {n} devices but only {len(devices)} "
+            f"are present ({devices[0].platform}); use num_learners<={len(devices)}."
+        )
+    return devices[:n]
+
+
+def make_mesh(devices: Sequence) -> Mesh:
+    return Mesh(np.asarray(devices), (LEARNER_AXIS,))
+
+
+def put(tree, mesh: Mesh, spec: P, may_alias: bool | None = None):
+    """Host or device arrays -> arrays laid out on the mesh with one spec for every leaf.
+
+    On a mesh over several processes (impala_jax.runtime.distributed) each process passes its own
+    part: for a split spec, its slice of the split axis (its batch columns); for REPLICATED,
+    the whole value, the same on every process (the learner state). ``may_alias=False``:
+    copies, never views of host memory (for arrays a program will donate).
+    """
+    sharding = NamedSharding(mesh, spec)
+    if sharding.is_fully_addressable:
+        return jax.device_put(tree, sharding, may_alias=may_alias)
+    return jax.tree.map(lambda x: _put_global(x, sharding, spec), tree)
+
+
+def _put_global(x, sharding: NamedSharding, spec: P):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(_put_global(jax.random.key_data(x), sharding, spec))
+    if spec == REPLICATED:
+        host = np.asarray(jax.device_get(x))
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    return jax.make_array_from_process_local_data(sharding, np.asarray(jax.device_get(x)))
+
+
+def data_parallel(
+    fn: Callable, mesh: Mesh, in_specs: tuple, out_specs, donate_argnums: tuple = ()
+) -> Callable:
+    """The one wrapper: per-device ``fn`` over the mesh, compiled, with buffer donation."""
+    return jax.jit(
+        jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs),
+        donate_argnums=donate_argnums,
+    )
+
+
+def per_device(tree):
+    """``tree`` (replicated over the learner axis) as per-device values inside shard_map, so a
+    gradient taken with respect to it is each device's own. Without the cast, JAX's shard_map
+    types treat a replicated input as unvarying and sum its cotangent over the devices."""
+    cast = getattr(jax.lax, "pcast", None)
+    if cast is not None:
+        return cast(tree, LEARNER_AXIS, to="varying")
+    pvary = getattr(jax.lax, "pvary", None)  # the older spelling
+    return pvary(tree, LEARNER_AXIS) if pvary is not None else tree

@@ -1,0 +1,211 @@
+"""The package's import rule, read from the source with ast (no module is imported, so no JAX).
+
+impala_jax/ has four layers, and imports point down only: the face (``__init__.py``, ``run.py``)
+-> ``cli/`` -> ``rllib/`` -> ``runtime/`` -> ``core/``. Every import counts, at module level,
+inside a function or under ``TYPE_CHECKING``; no module graph has a cycle; no private name
+(``_x``) is imported from another module; ``core/`` imports only the numerical stack and a few
+pure standard-library modules; ray is imported at module level only by ``rllib/ray_tune.py`` (itself
+imported only once ray is), elsewhere inside the function that needs it. README.md,
+"Architecture", says what each layer holds.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "impala_jax"
+LAYERS = ("core", "runtime", "rllib", "cli", "face")  # bottom to top
+FACE = {"__init__", "__main__", "run"}
+CORE_MAY_IMPORT = {
+    # the numerical stack
+    *("jax", "jaxlib", "flax", "optax", "chex", "numpy", "gymnasium"),
+    # the pure part of the standard library
+    *("__future__", "collections", "dataclasses", "enum", "functools", "itertools", "math"),
+    *("numbers", "operator", "types", "typing"),
+}
+RAY_AT_MODULE_LEVEL = {"impala_jax.rllib.ray_tune"}
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or (len(parts) == 2 and parts[1] in FACE):
+        return "face"
+    return parts[1]
+
+
+def _in_functions(tree: ast.AST) -> set[int]:
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            inside |= {id(n) for n in ast.walk(node)}
+    return inside
+
+
+def read_imports(package: Path) -> dict[str, list[tuple[str, str | None, int, bool]]]:
+    """module -> [(imported module, imported name or None, line, at module level)], every
+    import in the file."""
+    graph = {}
+    for path in sorted(package.rglob("*.py")):
+        module = _module_name(path, package)
+        found = []
+        tree = ast.parse(path.read_text(), str(path))
+        lazy = _in_functions(tree)
+        for node in ast.walk(tree):
+            top = id(node) not in lazy
+            if isinstance(node, ast.Import):
+                found += [(alias.name, None, node.lineno, top) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: resolve against this module's package
+                    base = module.split(".")
+                    base = base[: len(base) - node.level + (path.stem == "__init__")]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module
+                for alias in node.names:
+                    submodule = f"{target}.{alias.name}"
+                    if (package.parent / submodule.replace(".", "/")).with_suffix(".py").exists():
+                        found.append((submodule, None, node.lineno, top))
+                    else:
+                        found.append((target, alias.name, node.lineno, top))
+        graph[module] = found
+    return graph
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def violations(graph: dict[str, list[tuple[str, str | None, int, bool]]]) -> list[str]:
+    """Every break of the rule in the module docstring, one line each."""
+    found, edges = [], {m: set() for m in graph}
+    for module, imports in graph.items():
+        layer = _layer(module)
+        for target, name, line, at_module_level in imports:
+            top = target.split(".")[0]
+            if layer == "core" and top != "impala_jax" and top not in CORE_MAY_IMPORT:
+                found.append(f"{module}:{line}: core imports {target}")
+            if top == "ray" and at_module_level and module not in RAY_AT_MODULE_LEVEL:
+                found.append(f"{module}:{line}: imports ray at module level")
+            if top != "impala_jax":
+                continue
+            if target == "impala_jax" and module != "impala_jax":
+                found.append(f"{module}:{line}: imports {name!r} from the face `impala_jax`")
+                continue
+            if target not in graph:
+                found.append(f"{module}:{line}: imports {target}, which is not a module here")
+                continue
+            if target != module:
+                edges[module].add(target)
+            if LAYERS.index(_layer(target)) > LAYERS.index(layer):
+                found.append(
+                    f"{module}:{line}: {layer} imports {target} ({_layer(target)}), upward"
+                )
+            if name and name.startswith("_") and not name.startswith("__"):
+                found.append(f"{module}:{line}: imports the private name {name} from {target}")
+    # A package's __init__ is imported with each of its modules; it must import none of them.
+    for cycle in _cycles(edges):
+        found.append("import cycle: " + " -> ".join(cycle))
+    return found
+
+
+def test_the_package_keeps_the_rule():
+    assert violations(read_imports(PACKAGE)) == []
+
+
+def test_every_module_is_in_a_layer():
+    stray = [m for m in read_imports(PACKAGE) if _layer(m) not in LAYERS]
+    assert stray == []
+
+
+BAD_PACKAGE = {
+    "impala_jax/__init__.py": "from impala_jax.rllib.config import Config\n",
+    "impala_jax/core/__init__.py": "",
+    "impala_jax/core/losses.py": (
+        "import logging\n"
+        "def loss():\n"
+        "    from impala_jax.runtime.learner import Learner  # upward, inside a function\n"
+    ),
+    "impala_jax/runtime/__init__.py": "",
+    "impala_jax/runtime/learner.py": "from impala_jax.core.losses import loss\nimport ray\n",
+    "impala_jax/rllib/__init__.py": "",
+    "impala_jax/rllib/config.py": (
+        "from typing import TYPE_CHECKING\n"
+        "from impala_jax.rllib.checks import _is_int\n"
+        "from impala_jax import IMPALA\n"
+    ),
+    "impala_jax/rllib/checks.py": (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from impala_jax.rllib.config import Config\n"
+    ),
+}
+
+
+def test_the_check_finds_each_kind_of_break(tmp_path):
+    """The check itself, on a package that breaks every rule once."""
+    for name, text in BAD_PACKAGE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = violations(read_imports(tmp_path / "impala_jax"))
+    expected = [
+        "impala_jax.core.losses:1: core imports logging",
+        "impala_jax.core.losses:3: core imports impala_jax.runtime.learner (runtime), upward",
+        "impala_jax.runtime.learner:2: imports ray at module level",
+        "impala_jax.rllib.config:2: imports the private name _is_int from impala_jax.rllib.checks",
+        "impala_jax.rllib.config:3: imports 'IMPALA' from the face",
+        "import cycle: impala_jax.core.losses -> impala_jax.runtime.learner",
+        "import cycle: impala_jax.rllib.checks -> impala_jax.rllib.config",
+    ]
+    for line in expected:
+        assert any(f.startswith(line) for f in found), (line, found)
+    assert len(found) == len(expected), found
+
+
+def test_importing_the_package_imports_neither_jax_nor_ray():
+    import subprocess
+
+    code = "import sys, impala_jax; print(sorted({m.split('.')[0] for m in sys.modules}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(ast.literal_eval(out.stdout))
+    assert not loaded & {"jax", "ray", "flax", "optax", "envpool"}, loaded
+
+
+@pytest.mark.parametrize("layer", LAYERS[:-1])
+def test_each_layer_is_a_folder(layer):
+    assert (PACKAGE / layer / "__init__.py").is_file()
