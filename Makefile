@@ -2,25 +2,36 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
+# `make run` installs the package and what it needs to train; `make test` adds the test extra
+# (Ray, RLlib, rlax, TensorBoard, W&B, ALE, ...) to the same venv.
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
-# The package's bytecode, written even under PYTHONDONTWRITEBYTECODE=1 (then every launch
-# compiled its 40 modules from source: 0.1 s on 2 cores); only stale files are rewritten.
+# The package's bytecode, written even under PYTHONDONTWRITEBYTECODE=1 so that no launch
+# compiles the modules from source; only stale files are rewritten.
 BYTECODE := $(BIN)/python -m compileall -q impala_jax benchmarks experiments
 # The CUDA build of jaxlib only where a GPU driver is present.
-EXTRAS := test$(shell command -v nvidia-smi >/dev/null 2>&1 && echo ,cuda12)
+comma := ,
+GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda12)
+EXTRAS := test$(if $(GPU),$(comma)$(GPU))
+RUN_EXTRAS := $(if $(GPU),[$(GPU)])
 
 .PHONY: install run test test-slow bench soak lint format clean
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
+$(RUN_STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".$(RUN_EXTRAS)"
+	$(BYTECODE)
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	$(BYTECODE)
 	touch $(STAMP)
 
-run: install
+run: $(RUN_STAMP)
 	$(BIN)/python -m impala_jax.run experiments/cartpole.py
 
 test: install
