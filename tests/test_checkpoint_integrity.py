@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from impala_jax import run
+from impala_jax.cli import run_dir as cli_run_dir
 from impala_jax.cli.run_dir import checkpoints
 from impala_jax.runtime import checkpoint
 from impala_jax.runtime.checkpoint import CorruptCheckpoint
@@ -133,7 +134,7 @@ def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, capsys):
 @pytest.mark.parametrize("policy", ["warn", "stop"])
 def test_a_checkpoint_that_cannot_be_written_warns_or_stops(tmp_path, monkeypatch, capsys, policy):
     calls = []
-    real = run.save_checkpoint
+    real = cli_run_dir.save_checkpoint
 
     def flaky(algo, run_dir, iteration, keep):
         calls.append(iteration)
@@ -141,7 +142,7 @@ def test_a_checkpoint_that_cannot_be_written_warns_or_stops(tmp_path, monkeypatc
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(algo, run_dir, iteration, keep)
 
-    monkeypatch.setattr(run, "save_checkpoint", flaky)
+    monkeypatch.setattr(cli_run_dir, "save_checkpoint", flaky)
     argv = _cli(tmp_path, "--stop", "training_iteration=4", "--checkpoint-freq", "1")
     code = run.main([*argv, "--on-checkpoint-error", policy])
     err = capsys.readouterr().err

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from impala_jax.cli.experiment import RunError
-from impala_jax.run import set_jax_environment
+from impala_jax.cli.process import set_jax_environment
 
 
 def test_devices_sets_xla_flags_before_jax(monkeypatch):

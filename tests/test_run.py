@@ -23,6 +23,7 @@ import pytest
 
 from impala_jax import IMPALAConfig, run
 from impala_jax.cli import display, loggers
+from impala_jax.cli.args import parse_args
 from impala_jax.cli.run_dir import checkpoints
 from impala_jax.runtime import metrics
 
@@ -88,14 +89,14 @@ def test_eta_and_budget():
 
 
 def test_arguments_after_a_double_dash_go_to_the_experiment_file(capsys):
-    args = run.parse_args(
+    args = parse_args(
         [CARTPOLE, "training.lr=1e-3", "--stop", "training_iteration=2", "--", "--x=1", "a=b"]
     )
     assert args.overrides == ["training.lr=1e-3"] and args.stop == ["training_iteration=2"]
     assert args.script_args == ["--x=1", "a=b"]
-    assert run.parse_args([CARTPOLE]).script_args == []
+    assert parse_args([CARTPOLE]).script_args == []
     with pytest.raises(SystemExit) as exit_:
-        run.parse_args([CARTPOLE, "--num-env-runners=2"])
+        parse_args([CARTPOLE, "--num-env-runners=2"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "unrecognized arguments: --num-env-runners=2" in err and "after `--`" in err

@@ -5,10 +5,9 @@ The CLI's plotter (loggers.CurvePlotter) runs this file as a process of its own
 request at most every ``interval_s``. End of input draws the final curve, so the curve of a
 run whose process died holds every point written before it died.
 
-Why a process: matplotlib's import is 0.4-0.6 s of Python. In a thread of the training process
-it held the GIL that the runner thread needs after every envpool call, and a warm CartPole run
-sampled 13-18 K env steps in its first two iterations instead of 60-110 K
-(benchmarks/README.md, eleventh pass). Each draw (0.1-0.3 s) holds it too.
+Why a process: matplotlib's import and each draw are long stretches of Python, which in a
+thread of the training process hold the GIL that the runner thread needs after every envpool
+call (benchmarks/README.md: the learning curve off the GIL).
 
 Nothing here imports impala_jax or JAX (the drawing process loads this file alone), and
 matplotlib only where a figure is drawn.
@@ -113,10 +112,8 @@ def main(argv: list[str]) -> None:
     # The CLI handles Ctrl-C itself (a checkpoint, then the final curve): the terminal's SIGINT
     # reaches this process too, which must keep going until its input ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Training first: on 2 cores the import and the draws otherwise take CPU from the runner
-    # and the learner (warm CartPole launches to a fixed 300 K env steps, 20 pairs: median
-    # -0.14 s, faster in 12). The final draw comes when training has stopped and the cores
-    # are free.
+    # Training first: the import and the draws would otherwise take CPU from the runner and
+    # the learner; the final draw comes when training has stopped and the cores are free.
     os.nice(10)
     spec = json.loads(argv[0])
     serve(sys.stdin, Path(spec["path"]), spec["stop"], spec["title"])

@@ -477,8 +477,6 @@ def check_stop_keys(stop: dict, config) -> list[str]:
     return notes
 
 
-# ----------------------------------------------------------------- RLlib's example-script args
-
 # The attributes by which a module-level `args` is recognised as the namespace of RLlib's
 # add_rllib_example_script_args (ray.rllib.examples.utils); every such namespace has them.
 _EXAMPLE_ARG_MARKERS = ("stop_reward", "stop_iters", "stop_timesteps", "num_env_runners")
@@ -505,9 +503,6 @@ _EXAMPLE_ARGS_WITHOUT_COUNTERPART = {
     "as_test": "impala_jax.run's exit status says which stop criterion was met",
     "as_release_test": "impala_jax.run's exit status says which stop criterion was met",
 }
-# Accepted whatever their value: the no-Tune loop and the algorithm name are what
-# impala_jax.run is; the tuned examples set enable_new_api_stack=True as a default.
-_EXAMPLE_ARGS_WITHOUT_EFFECT = ("algo", "no_tune", "enable_new_api_stack")
 
 
 def rllib_example_args(module) -> argparse.Namespace | None:
@@ -528,7 +523,9 @@ def apply_example_args(config, args: argparse.Namespace) -> dict:
     Returns RLlib's default stop: ``--stop-reward`` on ``env_runners/episode_return_mean``,
     ``--stop-timesteps`` on ``env_runners/num_env_steps_sampled_lifetime``, ``--stop-iters``
     on ``training_iteration``. An argument with no counterpart here, set to anything but
-    RLlib's default, is a RunError naming it.
+    RLlib's default, is a RunError naming it; ``--algo``, ``--no-tune`` and
+    ``--enable-new-api-stack`` are accepted whatever their value (they describe what
+    impala_jax.run is).
     """
     from ray.rllib.examples.utils import add_rllib_example_script_args
 

@@ -35,6 +35,7 @@ from impala_jax.cli.curve import (  # noqa: F401  (plot_curve: the notebooks dra
     plot_curve,
     step_budget,
 )
+from impala_jax.runtime.checkpoint import write_atomic
 from impala_jax.runtime.metrics import flatten, lookup
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class JsonLogger:
                 for line in self.path.read_text().splitlines(keepends=True)
                 if _iteration_of(line) <= resume_iteration
             ]
-            _write_atomic(self.path, "".join(kept))
+            write_atomic(self.path, "".join(kept))
         self._file = open(self.path, "a")
         self._started = time.time()
         self._iterations = 0
@@ -229,7 +230,7 @@ class CurvePlotter:
 
     Drawn by a process of its own (impala_jax/cli/curve.py says why), fed one point per result:
     first ``interval_s`` seconds after the plotter opens, then at most every ``interval_s``
-    seconds (a draw costs ~0.1-0.3 s), and always at ``close()``, which waits for the final
+    seconds (a draw holds the CPU), and always at ``close()``, which waits for the final
     curve. If that process cannot start, stops reading or fails, the curve is drawn in this
     process instead, with a warning. The stop threshold on the return, and the env-step
     budget, are drawn as dashed lines. The history is read back from result.json on resume.
@@ -457,9 +458,3 @@ def open_writers(
             writer.close()
         raise
     return writers
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

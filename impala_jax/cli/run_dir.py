@@ -1,18 +1,20 @@
-"""The run directory: creating it, params.json and run.json, checkpoint rotation, resuming."""
+"""The run directory: creating it, params.json and run.json, checkpoints and their rotation,
+resuming."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from impala_jax.cli import loggers
 from impala_jax.cli.experiment import RunError, one_line
+from impala_jax.runtime.checkpoint import write_atomic
 
 RUN_FILE = "run.json"
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
@@ -29,9 +31,7 @@ def new_run_dir(logdir: str, name: str) -> Path:
 
 
 def write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(loggers.json_safe(value), indent=1) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(loggers.json_safe(value), indent=1) + "\n")
 
 
 def write_run_files(run_dir: Path, config, record: dict) -> None:
@@ -62,6 +62,42 @@ def save_checkpoint(algo, run_dir: Path, iteration: int, keep: int) -> Path:
     for _, old in checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+class CheckpointFailed(RuntimeError):
+    """A checkpoint could not be written and --on-checkpoint-error says stop."""
+
+
+def checkpoint_or_warn(
+    algo,
+    run_dir: Path,
+    iteration: int,
+    keep: int,
+    on_error: str,
+    warn: Callable[[str], None],
+    final: bool = False,
+) -> Path | None:
+    """Saves checkpoint ``iteration`` (``save_checkpoint``); on a failure (the previous
+    checkpoint stays intact, as checkpoint.save writes beside it and renames) calls ``warn`` and
+    returns None, or raises CheckpointFailed, as ``on_error`` ("warn" or "stop",
+    --on-checkpoint-error) says. The ``final`` save always raises."""
+    try:
+        return save_checkpoint(algo, run_dir, iteration, keep)
+    except Exception as err:  # OSError (ENOSPC, EACCES, EIO), numpy's errors, ...
+        found = checkpoints(run_dir)
+        previous = f"the newest intact one is {found[-1][1]}" if found else "there is none yet"
+        what = (
+            f"checkpoint {checkpoint_path(run_dir, iteration)} could not be written "
+            f"({type(err).__name__}: {err}); {previous}"
+        )
+        if final or on_error == "stop":
+            resume = f"; resume with: python -m impala_jax.run --resume {run_dir}" if found else ""
+            raise CheckpointFailed(f"{what}; the run stopped{resume}") from err
+        warn(
+            f"warning: {what}. Training goes on and the next save tries again "
+            "(--on-checkpoint-error stop stops the run instead)."
+        )
+        return None
 
 
 def intact(checkpoint: Path) -> str | None:

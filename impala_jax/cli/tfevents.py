@@ -5,8 +5,8 @@ the length``, ``length`` bytes of a serialized ``tensorflow.Event``, ``uint32 ma
 those bytes`` (little-endian). The first event names the format (``file_version``); each
 iteration then writes one event whose ``Summary`` holds one ``simple_value`` per tag.
 
-Importing tensorboardX for this took 0.3-0.5 s of the CLI's start-up on 2 cores, almost all of
-it protobuf's Python runtime (benchmarks/README.md, "Start-up and exit"); the few messages a
+Importing tensorboardX for this was a large share of the CLI's start-up, almost all of it
+protobuf's Python runtime (benchmarks/README.md, "Start-up and exit"); the few messages a
 scalar log needs are encoded here by hand, field numbers as in TensorFlow's ``event.proto`` and
 ``summary.proto``.
 """

@@ -11,9 +11,8 @@ truncated array file, an edited ``state.json`` or a missing file is refused with
 The arrays are host numpy arrays by the time they are saved (over several processes process 0
 writes alone), so the file is numpy's own format, read back with ``allow_pickle=False``.
 Format 1 kept them in an orbax directory ``arrays/``; such checkpoints still load (through
-orbax). Orbax was dropped for writing because every save kept 15-30 KiB inside
-orbax/tensorstore for the life of the process (benchmarks/README.md, "Soak": +2.1 MiB/min
-at a checkpoint every iteration); an npz save keeps nothing.
+orbax). Orbax was dropped for writing because every save kept memory inside orbax/tensorstore
+for the life of the process (benchmarks/README.md, "Soak"); an npz save keeps nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +34,23 @@ ARRAYS_FILE = "arrays.npz"
 ARRAYS_DIR = "arrays"
 NATIVE_PARAMS_FILE = "params.msgpack"
 MANIFEST_FILE = "manifest.json"
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
+    """Writes ``path`` whole or not at all: a reader, or a process killed mid-write, sees the
+    old file or the new one, never part of it (a temporary sibling is renamed over it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if isinstance(data, str):
+            tmp.write_text(data)
+        else:
+            tmp.write_bytes(bytes(data))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class CorruptCheckpoint(ValueError):
@@ -157,9 +173,9 @@ def _read_orbax_arrays(path: Path) -> dict[str, np.ndarray]:
     """Format 1's ``arrays/`` directory."""
     target = _restore_target(path)
     with _local_checkpointer() as ckptr:
-        # With a target of the saved shapes orbax reads no tree metadata; without one, each
-        # restore kept about 0.2 MB. Checkpoints written before the manifest recorded shapes
-        # have none.
+        # With a target of the saved shapes orbax reads no tree metadata, which each restore
+        # would otherwise keep in memory. Checkpoints written before the manifest recorded
+        # shapes have none.
         arrays = ckptr.restore(path / ARRAYS_DIR, target)
     return {k: np.asarray(v) for k, v in arrays.items()}
 

@@ -52,9 +52,8 @@ def initialize_lapack() -> None:
     of it. Bare packages stand in for ``scipy`` and ``scipy.linalg`` while the two load, as
     ``envs.import_envpool`` does for envpool's families; afterwards the stand-ins and the
     modules loaded under them leave sys.modules, so a later ``import scipy.linalg`` is the real
-    package (a Cython extension imported again returns its one module object). Measured with
-    JAX imported, on 2 cores: 0.19-0.26 s (loaded) or 0.10 s (idle) -> 0.02-0.03 s. Where scipy
-    is already imported, or anything is unexpected, jaxlib's own initialisation runs.
+    package (a Cython extension imported again returns its one module object). Where scipy is
+    already imported, or anything is unexpected, jaxlib's own initialisation runs.
     """
     import importlib.util
     from pathlib import Path
