@@ -84,11 +84,13 @@ def make_learner(kind: str, model_config: dict, b: int, num_devices: int):
     import numpy as np
 
     from impala_jax.core.distributions import make_distribution
+    from impala_jax.core.losses import LossSpec
     from impala_jax.core.networks import make_networks
     from impala_jax.core.optim import OptimizerSpec
     from impala_jax.core.recurrent import make_recurrent_networks
+    from impala_jax.core.update import StepSpec
     from impala_jax.rllib.config_checks import merge_model_config
-    from impala_jax.runtime.learner import Learner, LossSpec, StepSpec
+    from impala_jax.runtime.learner import Learner
 
     if kind.startswith("cartpole"):
         obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)

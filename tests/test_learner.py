@@ -9,18 +9,13 @@ import numpy as np
 import pytest
 
 from impala_jax.core.distributions import make_distribution
+from impala_jax.core.losses import LossSpec
 from impala_jax.core.networks import make_networks
 from impala_jax.core.optim import OptimizerSpec
 from impala_jax.core.types import Trajectory
+from impala_jax.core.update import Replay, StepSpec, _uniform_index, mix_replay
 from impala_jax.runtime import parallel
-from impala_jax.runtime.learner import (
-    Learner,
-    LossSpec,
-    Replay,
-    StepSpec,
-    _uniform_index,
-    mix_replay,
-)
+from impala_jax.runtime.learner import Learner
 
 T, B = 4, 8
 OBS = gym.spaces.Box(-1, 1, (4,), np.float32)
@@ -248,7 +243,7 @@ def _chi_square_ok(counts, expected):
 def test_shuffle_orders_are_uniform_permutations():
     # The minibatch orders: every row a permutation of range(n), each of the n! orders drawn
     # equally often, rows of one key independent of each other.
-    from impala_jax.runtime.learner import _permutations
+    from impala_jax.core.update import _permutations
 
     keys = jax.random.split(jax.random.key(0), 12_000)
     orders = np.asarray(jax.jit(jax.vmap(lambda k: _permutations(k, 2, 4)))(keys))
@@ -285,7 +280,7 @@ def test_replay_indices_are_uniform_below_the_span():
 def test_global_norm_is_optax_tree_norm():
     import optax
 
-    from impala_jax.runtime.learner import _global_norm
+    from impala_jax.core.update import _global_norm
 
     rng = np.random.default_rng(0)
     tree = {"a": rng.normal(size=(64, 64)), "b": {"c": rng.normal(size=3), "d": rng.normal()}}

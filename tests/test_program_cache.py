@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from impala_jax.core.distributions import make_distribution
+from impala_jax.core.losses import LossSpec
 from impala_jax.core.networks import make_networks
 from impala_jax.core.optim import OptimizerSpec
+from impala_jax.core.update import StepSpec
 from impala_jax.runtime import program_cache
-from impala_jax.runtime.learner import Learner, LossSpec, StepSpec
+from impala_jax.runtime.learner import Learner
 from tests.test_learner import ACT, OBS, B, random_batch
 
 MODEL = {"fcnet_hiddens": [8]}

@@ -214,9 +214,8 @@ def _single(spec: OptimizerSpec, lr: Schedule) -> optax.GradientTransformationEx
     # `rmsprop_initial_scale` is the mean square at step 0: TF1's 1.0 by default. With a mean
     # loss the gradients are far below 1, and decaying that 1.0 away takes about
     # ln(g^2 + eps) / ln(decay) updates (about 1,100 at decay 0.99, eps 1e-5, g ~ 1e-4), during
-    # which every step is a small fraction of what it becomes (Pong, Nature CNN: 2e-4 to
-    # 1.6e-3 x lr over the first 150 updates); 0.0 starts at the gradients' own scale, as torch
-    # and optax do.
+    # which every step is a small fraction of what it becomes (issue 17); 0.0 starts at the
+    # gradients' own scale, as torch and optax do.
     parts = [
         _clip(spec.grad_clip, spec.grad_clip_by),
         optax.scale_by_rms(
@@ -278,9 +277,8 @@ def _apply_if_finite(
 
     The inner update always runs and its result is kept or dropped per element. Under a
     `lax.cond` XLA compiles the whole optimizer as a separate branch, outside the step's
-    fusions: on a CPU that cost ~0.3 s of the CartPole step's compilation and one more
-    kernel launch per minibatch update. A non-finite gradient's NaNs stay in the branch not
-    taken.
+    fusions: longer compilation and one more kernel launch per minibatch update. A non-finite
+    gradient's NaNs stay in the branch not taken.
     """
     inner = optax.with_extra_args_support(inner)
     init = optax.apply_if_finite(inner, max_consecutive_errors).init  # the same state

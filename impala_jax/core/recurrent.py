@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from impala_jax.core import networks
+from impala_jax.core.initializers import make_initializer
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
 
 Params = dict[str, Any]
@@ -72,14 +73,14 @@ def prev_action_features(action_space: gym.Space) -> Callable[[jax.Array], jax.A
 def _cell(config: Mapping[str, Any]) -> nn.OptimizedLSTMCell:
     inits = {}
     if config["lstm_kernel_initializer"] is not None:
-        kernel = networks.make_initializer(
+        kernel = make_initializer(
             config["lstm_kernel_initializer"],
             config["lstm_kernel_initializer_kwargs"],
             "lstm_kernel_initializer",
         )
         inits.update(kernel_init=kernel, recurrent_kernel_init=kernel)
     if config["lstm_bias_initializer"] is not None:
-        inits["bias_init"] = networks._inits(config, "lstm").bias
+        inits["bias_init"] = networks.part_inits(config, "lstm").bias
     return nn.OptimizedLSTMCell(int(config["lstm_cell_size"]), **inits)
 
 

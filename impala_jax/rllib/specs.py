@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+from impala_jax.core.losses import LossSpec
 from impala_jax.core.optim import OptimizerSpec
+from impala_jax.core.update import StepSpec
 from impala_jax.rllib.config_checks import batch_layout
-from impala_jax.runtime.learner import LossSpec, StepSpec
 
 
 def optimizer_spec(config) -> OptimizerSpec:
@@ -27,15 +29,11 @@ def optimizer_spec(config) -> OptimizerSpec:
 
 
 def loss_spec(config) -> LossSpec:
-    return LossSpec(
-        gamma=config.gamma,
-        vf_loss_coeff=config.vf_loss_coeff,
-        entropy_coeff=config.resolved_entropy_coeff,  # optim.piecewise_linear validates it
-        clip_rho_threshold=config.vtrace_clip_rho_threshold,
-        clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
-        clip_rewards=clip_rewards(config),
-        loss_reduction=config.loss_reduction,
-    )
+    """Each LossSpec field from the config field of its name, but for the two derived ones."""
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(LossSpec)}
+    fields["entropy_coeff"] = config.resolved_entropy_coeff  # optim.piecewise_linear checks it
+    fields["clip_rewards"] = clip_rewards(config)
+    return LossSpec(**fields)
 
 
 def step_spec(config, num_devices: int) -> StepSpec:

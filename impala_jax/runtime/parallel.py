@@ -69,14 +69,3 @@ def data_parallel(
         jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs),
         donate_argnums=donate_argnums,
     )
-
-
-def per_device(tree):
-    """``tree`` (replicated over the learner axis) as per-device values inside shard_map, so a
-    gradient taken with respect to it is each device's own. Without the cast, JAX's shard_map
-    types treat a replicated input as unvarying and sum its cotangent over the devices."""
-    cast = getattr(jax.lax, "pcast", None)
-    if cast is not None:
-        return cast(tree, LEARNER_AXIS, to="varying")
-    pvary = getattr(jax.lax, "pvary", None)  # the older spelling
-    return pvary(tree, LEARNER_AXIS) if pvary is not None else tree

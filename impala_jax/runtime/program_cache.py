@@ -1,10 +1,9 @@
 """Traced programs kept on disk across processes, beside the persistent compilation cache.
 
 JAX's compilation cache skips XLA's compilation, but every new process still traces the
-learner step in Python and lowers it to StableHLO before it can look the program up: 0.6 s of
-the step's 0.75 s warm start on 2 cores (trace 0.37 s, lowering 0.22 s, the cache hit 0.15 s),
-all of it holding the GIL that the runner and the main thread need at the same time
-(benchmarks/README.md, "Start-up and exit"). Here the traced program is exported once
+learner step in Python and lowers it to StableHLO before it can look the program up: most of
+a warm start, all of it holding the GIL that the runner and the main thread need at the same
+time (benchmarks/README.md, "Start-up and exit"). Here the traced program is exported once
 (``jax.export``: StableHLO with its shapes and shardings) and a later process deserializes it
 and compiles it (a compilation-cache hit) without tracing.
 
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
+
+from impala_jax.runtime.checkpoint import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +184,11 @@ class CachedProgram:
                 return
             self.source = "exported"
             if path is not None:
-                _write_atomic(path, exported.serialize())
+                data = exported.serialize()
+                try:
+                    write_atomic(path, data)
+                except OSError as err:  # a read-only or full cache: the next start traces again
+                    logger.info("program cache: %s not written (%s)", path, err)
         out_shardings = self._out_shardings
         if out_shardings is None:
             # Outputs fed back as arguments keep the arguments' shardings, spelled the same
@@ -269,13 +274,3 @@ def _space(space) -> list:
     elif isinstance(inner, list | tuple):
         out.append([_space(v) for v in inner])
     return out
-
-
-def _write_atomic(path: Path, data: bytes | bytearray) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(bytes(data))
-        os.replace(tmp, path)
-    except OSError as err:  # a read-only or full cache: the next start traces again
-        logger.info("program cache: %s not written (%s)", path, err)

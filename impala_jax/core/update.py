@@ -1,0 +1,331 @@
+"""The learner's per-device step: ``make_learner_step`` builds ``learner_step``, a pure function.
+
+One step consumes a batch of ``train_batch_size_per_learner`` env steps per device (time-major
+``[T+1, B]``), mixes in replayed columns from the device-resident replay slots
+(``replay_proportion``), and runs ``num_epochs`` passes of minibatch updates inside the same
+compiled program (``lax.scan``, or unrolled: ``max_unrolled_updates``). Grads and metrics are
+averaged over ``LEARNER_AXIS``. runtime/learner.py wraps it over the mesh and compiles it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from impala_jax.core import losses, optim
+from impala_jax.core.types import LEARNER_AXIS, Batch, LearnerState
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """Static sizes of one learner step, per device."""
+
+    columns: int  # new trajectories per device
+    replay_columns: int  # replayed trajectories mixed in per device
+    replay_slots: int  # replay slots held per device
+    minibatch_columns: int  # trajectories per minibatch per device
+    num_epochs: int
+    shuffle: bool
+    log_gradients: bool = False  # reporting(log_gradients=...): per-group gradient norms
+
+
+class Replay(NamedTuple):
+    """Replay slots on one device: column-major ``[S, T(+1), ...]`` copies of Batch fields."""
+
+    data: Batch
+    count: jax.Array  # [1] int32: columns ever inserted on this device
+    key: jax.Array  # [1, 2] uint32 raw PRNG key data: slot sampling differs per device
+
+
+# Loss metrics that are not masked means over rows, and so are not reweighted per device.
+_NOT_MEANS = ("max_rho", "vf_explained_var")
+
+
+def _time_major(x):
+    return jnp.swapaxes(x, 0, 1)
+
+
+def _uniform_index(key, n: int, span: jax.Array) -> jax.Array:
+    """``n`` indices drawn uniformly from ``[0, span)`` (int32), for ``span`` up to 2^31.
+
+    One 32-bit draw each, reduced modulo ``span``: each index is off uniform by less than
+    ``span / 2^32`` (2.3e-5 relative for a million slots). ``jax.random.randint`` makes two
+    draws and more arithmetic to remove that bias, which lengthens the learner step's
+    compilation.
+    """
+    bits = jax.random.bits(key, (n,), jnp.uint32)
+    return (bits % span.astype(jnp.uint32)).astype(jnp.int32)
+
+
+def _permutations(key, rows: int, n: int) -> jax.Array:
+    """``rows`` independent uniform permutations of ``range(n)``, int32 ``[rows, n]``.
+
+    One sort by 64 random bits per row (two 32-bit keys): ties, which a stable sort breaks by
+    position, have a probability below ``n^2 / 2^65``. ``jax.random.permutation`` sorts by 32
+    bits and adds rounds past n = 1,625; one sort of the whole ``[rows, n]`` here also avoids
+    its per-row key splits (compile time, as above).
+    """
+    hi, lo = jax.random.bits(key, (2, rows, n), jnp.uint32)
+    iota = jax.lax.broadcasted_iota(jnp.int32, (rows, n), 1)
+    return jax.lax.sort((hi, lo, iota), dimension=1, num_keys=2)[2]
+
+
+def mix_replay(batch: Batch, replay: Replay, step_spec: StepSpec) -> tuple[Batch, Replay]:
+    """Appends ``replay_columns`` columns drawn uniformly from the filled slots (as they were
+    before this batch), then writes the new columns into the ring of slots (per device).
+
+    Its cost is O(batch), not O(slots): see the comment on the write."""
+    key, sample_key = jax.random.split(jax.random.wrap_key_data(replay.key[0]))
+    count, slots = replay.count[0], step_spec.replay_slots
+    filled = jnp.minimum(count, slots)
+    idx = _uniform_index(sample_key, step_spec.replay_columns, jnp.maximum(filled, 1))
+    n_insert = min(step_spec.columns, slots)
+    pos = (count + jnp.arange(n_insert)) % slots
+    # The ring is written in place, then read: a read of the old ring that XLA cannot order
+    # before the write makes it copy the whole ring, twice, every step (O(slots), not
+    # O(batch)). So the slots about to be overwritten are read first, the write takes them as
+    # an operand (a dependency XLA keeps: `count >= 0` always holds, but it cannot know), and a
+    # draw that lands on an overwritten slot takes the saved column.
+    overwritten = jax.tree.map(lambda buf: buf[pos], replay.data)
+    keep = count >= 0
+    data = jax.tree.map(
+        lambda buf, x, old: buf.at[pos].set(jnp.where(keep, _time_major(x)[-n_insert:], old)),
+        replay.data,
+        batch,
+        overwritten,
+    )
+    ahead = (idx - count) % slots  # j where idx = pos[j] (when below n_insert)
+    saved = ahead < n_insert
+    row = jnp.minimum(ahead, n_insert - 1)
+
+    def draw(new_buf, old):
+        pick = saved.reshape(-1, *([1] * (new_buf.ndim - 1)))
+        return _time_major(jnp.where(pick, old[row], new_buf[idx]))
+
+    replayed = jax.tree.map(draw, data, overwritten)
+    # Until the first insert the slots hold zeros: mask them out of the loss.
+    replayed = replayed._replace(valid=replayed.valid * (filled > 0))
+    mixed = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), batch, replayed)
+    return mixed, Replay(data, replay.count + n_insert, jax.random.key_data(key)[None])
+
+
+def _global_norm(tree) -> jax.Array:
+    """The L2 norm of all of ``tree``'s leaves together (``optax.tree.norm``'s value), as one
+    reduction over their concatenation rather than one per leaf: fewer, larger kernels, which
+    XLA:CPU compiles and runs faster at an MLP's sizes."""
+    leaves = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree.leaves(tree)]
+    return jnp.sqrt(jnp.sum(jnp.square(jnp.concatenate(leaves))))
+
+
+def _step_size_metrics(updates, params, lr) -> dict[str, jax.Array]:
+    """How far one update moved the params: a stalled optimizer shows here at a glance.
+
+    ``update_to_param_norm_ratio`` is ||update|| / ||params|| (global norms). For Adam and
+    RMSProp each parameter moves about lr per step when the gradient dominates the optimizer's
+    denominator, so ``update_rms_to_lr_ratio`` (the update's root mean square over all
+    parameters, divided by the learning rate) is of order 1; orders of magnitude below 1 means
+    epsilon (or RMSProp's mean square initialised at 1) dominates instead (issue 17: a mean loss
+    with the IMPALA paper's RMSProp constants).
+    """
+    size = sum(x.size for x in jax.tree.leaves(updates))
+    update_norm = _global_norm(updates)
+    return {
+        "update_to_param_norm_ratio": update_norm / jnp.maximum(_global_norm(params), 1e-12),
+        "update_rms_to_lr_ratio": update_norm / jnp.sqrt(size) / jnp.maximum(lr, 1e-30),
+    }
+
+
+def _feature_metrics(features: jax.Array) -> dict[str, jax.Array]:
+    """Whether the policy's encoder still tells observations apart, over the (mini)batch's
+    observations on every learner device (every row, reset and bootstrap rows too).
+
+    ``encoder_dead_unit_fraction``: the share of the encoder's output units that are <= 0 for
+    every observation (a dead ReLU: it passes no gradient and carries nothing).
+    ``encoder_feature_std``: each output unit's standard deviation across the observations,
+    averaged over units. Both near their limits (1 and 0) mean the policy and value see the same
+    features whatever the frame: the network has gone blind (issue 17).
+    """
+    f = features.reshape(features.shape[0], -1).astype(jnp.float32)
+    n, total = jax.lax.psum((jnp.float32(f.shape[0]), jnp.sum(f, 0)), LEARNER_AXIS)
+    mean = total / n
+    var = jax.lax.psum(jnp.sum(jnp.square(f - mean[None]), 0), LEARNER_AXIS) / n
+    alive = jax.lax.pmax(jnp.max(f, 0), LEARNER_AXIS) > 0.0
+    return {
+        "encoder_dead_unit_fraction": 1.0 - jnp.mean(alive.astype(jnp.float32)),
+        "encoder_feature_std": jnp.mean(jnp.sqrt(var)),
+    }
+
+
+def per_device(tree):
+    """``tree`` (replicated over the learner axis) as per-device values inside shard_map, so a
+    gradient taken with respect to it is each device's own. Without the cast, JAX's shard_map
+    types treat a replicated input as unvarying and sum its cotangent over the devices."""
+    cast = getattr(jax.lax, "pcast", None)
+    if cast is not None:
+        return cast(tree, LEARNER_AXIS, to="varying")
+    pvary = getattr(jax.lax, "pvary", None)  # the older spelling
+    return pvary(tree, LEARNER_AXIS) if pvary is not None else tree
+
+
+def _make_loss_fn(networks, distribution, loss_spec: losses.LossSpec):
+    """``loss_fn(params, batch, entropy_coeff) -> (loss, metrics)``: this device's share of the
+    global loss, differentiated by the minibatch update."""
+
+    def loss_fn(params, batch: Batch, entropy_coeff):
+        # The loss is a mean over this device's valid rows; weighting it by this device's share
+        # of all valid rows makes the pmean of grads the gradient of the global mean, so N
+        # devices give the same update as one device with the whole batch (and the same for
+        # the global sum with loss_reduction="sum").
+        valid = jnp.sum(batch.valid)
+        weight = valid / jnp.maximum(jax.lax.pmean(valid, LEARNER_AXIS), 1e-6)
+        t1, b = batch.obs.shape[:2]
+        if batch.core_state is not None:  # a recurrent policy (recurrent.py): one unroll
+            dist_inputs, values = networks.unroll(
+                params,
+                batch.core_state,
+                batch.obs,
+                batch.prev_action,
+                batch.prev_reward,
+                batch.reset,
+                networks.max_seq_len,
+            )
+            features = None
+        else:
+            dist_inputs, values, features = networks.apply(
+                params, batch.obs.reshape(t1 * b, *batch.obs.shape[2:]), with_features=True
+            )
+        dist_inputs = dist_inputs.reshape(t1, b, -1)
+        values = values.reshape(t1, b)
+        loss, metrics = losses.impala_loss_from_spec(
+            loss_spec,
+            dist_inputs[:-1],
+            values,
+            batch.behaviour_logits,
+            batch.action,
+            batch.reward,
+            batch.terminated,
+            batch.valid,
+            distribution=distribution,
+            entropy_coeff=entropy_coeff,
+        )
+        # Masked means become shares of the global mean, so their pmean is the global mean.
+        metrics = {k: v if k in _NOT_MEANS else v * weight for k, v in metrics.items()}
+        # RLlib's names: pi_loss / vf_loss are sums over the (mini)batch's valid rows, beside
+        # their means; a device's share times the global row count has the global sum as pmean.
+        total_valid = jax.lax.psum(valid, LEARNER_AXIS)
+        for name in ("pi_loss", "vf_loss"):
+            metrics[f"mean_{name}"] = metrics[name]
+            metrics[name] = metrics[name] * total_valid
+        if features is not None:
+            metrics.update(_feature_metrics(jax.lax.stop_gradient(features)))
+        max_entropy = getattr(distribution, "max_entropy", None)
+        if max_entropy:  # None for a Gaussian, 0 for a one-action space: nothing to compare
+            metrics["entropy_fraction_of_max"] = metrics["entropy"] / max_entropy
+        if loss_spec.loss_reduction == "sum":
+            # The global mean times the global valid-row count is the global sum.
+            return loss * weight * total_valid, metrics
+        return loss * weight, metrics
+
+    return loss_fn
+
+
+def _minibatch_orders(key, step_spec: StepSpec, n_cols: int) -> jax.Array:
+    """The columns of every minibatch update, epoch after epoch: int32 ``[updates, columns]``."""
+    mb = step_spec.minibatch_columns
+    n_mb = n_cols // mb
+    if step_spec.shuffle:
+        order = _permutations(key, step_spec.num_epochs, n_cols)
+    else:
+        order = jnp.tile(jnp.arange(n_cols), (step_spec.num_epochs, 1))
+    return order.reshape(step_spec.num_epochs * n_mb, mb)
+
+
+def _make_minibatch_update(
+    loss_fn, optimizer, opt_spec, step_spec, batch, entropy_coeff, env_steps
+):
+    """``update((params, opt_state), cols) -> ((params, opt_state), metrics)``: one optimizer
+    step on the minibatch of ``batch``'s columns ``cols``, grads averaged over the devices."""
+
+    def update(carry, cols):
+        params, opt_state = carry
+        minibatch = jax.tree.map(lambda x: jnp.take(x, cols, axis=1), batch)
+        # The params are replicated (unvarying over the learner axis): differentiated as
+        # they are, shard_map would already sum their cotangents over the devices, and the
+        # pmean below would be a no-op on an N-times-too-large gradient (invisible under
+        # Adam, which is scale-invariant; wrong under RMSProp, clipping and the reported
+        # norm). Cast to per-device values, each device's gradient is its own.
+        local = per_device(params)
+        grads, metrics = jax.grad(loss_fn, has_aux=True)(local, minibatch, entropy_coeff)
+        grads = jax.lax.pmean(grads, LEARNER_AXIS)
+        metrics = dict(metrics, gradients_default_optimizer_global_norm=_global_norm(grads))
+        if step_spec.log_gradients:  # static: no extra work in the program when off
+            for group, group_grads in grads.items():
+                metrics[f"gradients_{group}_global_norm"] = _global_norm(group_grads)
+        updates, opt_state = optimizer.update(grads, opt_state, params, env_steps=env_steps)
+        metrics.update(_step_size_metrics(updates, params, optim.current_lr(opt_spec, env_steps)))
+        params = optax.apply_updates(params, updates)
+        return (params, opt_state), metrics
+
+    return update
+
+
+def _run_updates(update, carry, order: jax.Array, max_unrolled_updates: int):
+    """Every row of ``order`` through ``update``, in order: the final carry and the metrics
+    averaged over the updates."""
+    n_updates = order.shape[0]
+    if n_updates == 1 or n_updates <= max_unrolled_updates:
+        # Unrolled, not scanned: on CPU, conv gradients inside lax.scan run many times slower
+        # (jax-ml/jax#12868; scan's unroll= does not help).
+        per_update = []
+        for i in range(n_updates):
+            carry, update_metrics = update(carry, order[i])
+            per_update.append(update_metrics)
+        return carry, jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *per_update)
+    carry, metrics = jax.lax.scan(update, carry, order)
+    return carry, jax.tree.map(jnp.mean, metrics)
+
+
+def make_learner_step(
+    networks, distribution, optimizer, opt_spec, loss_spec, step_spec, max_unrolled_updates=0
+):
+    """Returns the per-device ``learner_step(state, batch, replay, env_steps)``.
+
+    ``max_unrolled_updates``: up to this many minibatch updates per step run as an unrolled
+    sequence, more as a ``lax.scan``.
+    """
+    entropy_coeff_at = optim.piecewise_linear(loss_spec.entropy_coeff)
+    loss_fn = _make_loss_fn(networks, distribution, loss_spec)
+
+    def learner_step(state: LearnerState, batch: Batch, replay, env_steps):
+        batch = batch._replace(param_version=None)
+        if step_spec.replay_columns:
+            batch, replay = mix_replay(batch, replay, step_spec)
+        n_cols = batch.reward.shape[1]
+        entropy_coeff = entropy_coeff_at(env_steps)
+        key, perm_key = jax.random.split(state.key)
+        order = _minibatch_orders(perm_key, step_spec, n_cols)
+        update = _make_minibatch_update(
+            loss_fn, optimizer, opt_spec, step_spec, batch, entropy_coeff, env_steps
+        )
+        carry = (state.params, state.opt_state)
+        (params, opt_state), metrics = _run_updates(update, carry, order, max_unrolled_updates)
+        max_rho = jax.lax.pmax(metrics.pop("max_rho"), LEARNER_AXIS)
+        metrics = jax.lax.pmean(metrics, LEARNER_AXIS)
+        metrics["max_rho"] = max_rho
+        metrics["curr_lr"] = optim.current_lr(opt_spec, env_steps)
+        metrics["curr_entropy_coeff"] = entropy_coeff
+        metrics["num_non_finite_updates"] = optim.non_finite_count(opt_state)
+        metrics["num_consecutive_non_finite_updates"] = optim.consecutive_non_finite(opt_state)
+        state = LearnerState(
+            params=params,
+            opt_state=opt_state,
+            update_step=state.update_step + 1,
+            key=key,
+        )
+        return state, replay, metrics
+
+    return learner_step
