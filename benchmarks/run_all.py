@@ -1,8 +1,10 @@
 """``make bench``: every benchmark in its own subprocess, then ``results/summary.json``.
 
-``python -m benchmarks.run_all [--quick] [--only NAME ...]``. A subprocess per benchmark keeps
-JAX state, XLA flags and peak memory apart; each has a hard timeout, and a benchmark that fails
-is reported as such without stopping the others.
+``python -m benchmarks.run_all [--quick] [--only NAME ...] [--table]``. A subprocess per
+benchmark keeps JAX state, XLA flags and peak memory apart; each has a hard timeout, and a
+benchmark that fails is reported as such without stopping the others. A full run (not
+``--quick``) also rewrites the table of current figures at the top of ``benchmarks/README.md``,
+between its two ``figures`` markers; ``--table`` only does that, from the results on disk.
 """
 
 from __future__ import annotations
@@ -10,8 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 from benchmarks import common
+
+README = Path(__file__).with_name("README.md")
+FIGURES_START = "<!-- figures:start -->"
+FIGURES_END = "<!-- figures:end -->"
 
 # (result name, module arguments, timeout s)
 BENCHMARKS = [
@@ -57,6 +64,7 @@ def summarize(results: dict) -> list[dict]:
     if vt:
         rows.append(
             {
+                "benchmark": "vtrace",
                 "goal": "V-trace no slower than rlax at every size",
                 "value": f"min speedup {vt['min_speedup_vs_rlax']:.2f}x over "
                 + ", ".join(f"{s['T']}x{s['B']}" for s in vt["sizes"]),
@@ -67,6 +75,7 @@ def summarize(results: dict) -> list[dict]:
     if e2e:
         rows.append(
             {
+                "benchmark": "end_to_end_cartpole",
                 "goal": "CartPole training >= 0.6 of raw envpool at the same env count",
                 "value": f"{e2e['train_env_steps_per_s']:,.0f} env steps/s, "
                 f"{e2e['ratio_to_raw']:.2f} of raw envpool "
@@ -86,6 +95,7 @@ def summarize(results: dict) -> list[dict]:
         if "ratio_to_naive_cold" in t450:
             rows.append(
                 {
+                    "benchmark": "time_to_450",
                     "goal": "time to 450 from launch, median: cold <= 0.5x the naive loop, "
                     "warm <= 4 s",
                     "value": f"{t450['median_wall_s_to_450_cold']:.1f} s cold, "
@@ -100,6 +110,7 @@ def summarize(results: dict) -> list[dict]:
             )
         rows.append(
             {
+                "benchmark": "time_to_450",
                 "goal": "peak memory of the CartPole process < 1 GiB",
                 "value": f"{t450['max_peak_rss_mib']:.0f} MiB (max over seeds)",
                 "met": t450["goal_met_memory"],
@@ -109,6 +120,7 @@ def summarize(results: dict) -> list[dict]:
     if stability:
         rows.append(
             {
+                "benchmark": "stability",
                 "goal": "CartPole stays >= 400 for 1 M env steps after 450, 5 of 5 seeds",
                 "value": f"{stability['held']} of {stability['of']} seeds held (lowest means "
                 + ", ".join(f"{r['lowest_mean_after']:.0f}" for r in stability["seeds"])
@@ -122,6 +134,7 @@ def summarize(results: dict) -> list[dict]:
             two = case.get("two_vs_one_device_speedup")
             rows.append(
                 {
+                    "benchmark": "learner",
                     "goal": f"learner {case['case']} T x B = {case['T']}x{case['B']} (report)",
                     "value": f"{case['one_device']['samples_per_s']:,.0f} samples/s on 1 device"
                     + (f", 2 forced devices {two:.2f}x of 1" if two else ""),
@@ -132,6 +145,7 @@ def summarize(results: dict) -> list[dict]:
     if pong:
         rows.append(
             {
+                "benchmark": "end_to_end_pong",
                 "goal": "Pong-v5, Nature CNN, >= 0.7 of the machine's ceiling",
                 "value": f"{pong['train_env_frames_per_s']:,.0f} frames/s training, "
                 f"{pong['ratio_to_raw']:.3f} of raw envpool "
@@ -145,6 +159,7 @@ def summarize(results: dict) -> list[dict]:
     if tune_overhead:
         rows.append(
             {
+                "benchmark": "tune_overhead",
                 "goal": "Ray Tune trial vs a plain train() loop, CartPole to 450 (report)",
                 "value": f"{tune_overhead['median_wall_s_tune']:.1f} s vs "
                 f"{tune_overhead['median_wall_s_direct']:.1f} s from launch "
@@ -158,6 +173,7 @@ def summarize(results: dict) -> list[dict]:
     if processes:
         rows.append(
             {
+                "benchmark": "processes",
                 "goal": "one run over two processes vs one process, same envs (report)",
                 "value": ", ".join(
                     f"{name}: {c['two_processes_env_steps_per_s']:,.0f} vs "
@@ -171,13 +187,73 @@ def summarize(results: dict) -> list[dict]:
     return rows
 
 
+def load_results(runs: dict | None = None) -> dict:
+    """Every benchmark's last result on disk, except those whose run just failed."""
+    runs = runs or {}
+    results = {}
+    for name, _, _ in BENCHMARKS:
+        path = common.RESULTS / f"{name}.json"
+        if path.exists() and runs.get(name, {}).get("ok", True):
+            results[name] = json.loads(path.read_text())
+    return results
+
+
+def _cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def figures_table(results: dict) -> str:
+    """The README's table: one row per goal of ``summarize(results)``, dated by its result."""
+    met = {True: "yes", False: "no", None: "-"}
+    lines = ["| goal | measured | met | date |", "|---|---|---|---|"]
+    for row in summarize(results):
+        result = results[row["benchmark"]]
+        date = str(result.get("date", ""))[:10] + (" (quick)" if result.get("quick") else "")
+        lines.append(
+            f"| {_cell(row['goal'])} | {_cell(row['value'])} | {met[row['met']]} | {date} |"
+        )
+    machines = {
+        (m.get("cpu_count"), m.get("jax"), m.get("jax_backend"))
+        for m in (r.get("machine") for r in results.values())
+        if m
+    }
+    if len(machines) == 1:
+        cores, jax_version, backend = machines.pop()
+        lines.append("")
+        lines.append(f"Machine: {cores} CPU cores, jax {jax_version}, {backend} backend.")
+    elif machines:
+        lines.append("")
+        lines.append("Machines differ between these results: see each result's `machine`.")
+    return "\n".join(lines)
+
+
+def replace_figures(text: str, table: str) -> str:
+    """``text`` with what lies between the two figures markers replaced by ``table``."""
+    start, end = text.find(FIGURES_START), text.find(FIGURES_END)
+    if start < 0 or end < start:
+        raise ValueError(f"no {FIGURES_START} ... {FIGURES_END} pair to rewrite")
+    return f"{text[: start + len(FIGURES_START)]}\n{table}\n{text[end:]}"
+
+
+def write_figures(results: dict, path: Path = README) -> None:
+    path.write_text(replace_figures(path.read_text(), figures_table(results)))
+
+
 def main(argv=None) -> dict:
     args = common.parse_args(
         argv,
         __doc__.split("\n")[0],
         only={"nargs": "*", "default": None, "help": "run only these benchmarks"},
+        table={
+            "action": "store_true",
+            "help": "run nothing: rewrite README.md's figures from the results on disk",
+        },
     )
-    results, runs = {}, {}
+    if args.table:
+        results = load_results()
+        write_figures(results)
+        return results
+    runs = {}
     for name, module_args, timeout in BENCHMARKS:
         if args.only and name not in args.only:
             continue
@@ -195,10 +271,7 @@ def main(argv=None) -> dict:
         if not ok:
             print(f"   FAILED: {tail[-800:]}", flush=True)
     # Benchmarks not run this time (--only) keep their last results in the summary.
-    for name, _, _ in BENCHMARKS:
-        path = common.RESULTS / f"{name}.json"
-        if path.exists() and runs.get(name, {}).get("ok", True):
-            results[name] = json.loads(path.read_text())
+    results = load_results(runs)
     rows = summarize(results)
     print("\n== summary")
     for row in rows:
@@ -210,6 +283,9 @@ def main(argv=None) -> dict:
         "dates": {name: r.get("date") for name, r in results.items()},
     }
     common.write_result("summary", payload, args.quick)
+    # Quick figures, or results written elsewhere (benchmarks/gpu.sh), leave the README alone.
+    if not args.quick and common.RESULTS == README.parent / "results":
+        write_figures(results)
     return payload
 
 

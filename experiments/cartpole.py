@@ -41,7 +41,7 @@ config = (
         # of 0.1 (was 0.99 and 0.02). A solved policy's first failures are the cart drifting
         # off the track; the value, fitted only on surviving states, then meets TD errors of
         # about 1 / (1 - gamma), and the step they give moved the policy by a KL of 0.3 in two
-        # iterations. Over seeds 0-47 (benchmarks/README.md, "Performance II, fourth pass")
+        # iterations. Over seeds 0-47 (benchmarks/README.md, "Why CartPole fell after solving")
         # 46 of 48 runs held >= 400 for 1 M env steps after 450 against 33 of 48 before (0.05:
         # 44 of 48), reaching 450 at a median of 0.34 M env steps (0.35 M before).
         vf_loss_coeff=0.1,

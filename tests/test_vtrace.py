@@ -1,5 +1,5 @@
 """V-trace against eq. 1 written as a sum of products, against rlax, and the row-layout properties
-of DESIGN.md section 3 (episode boundaries and fragment splits)."""
+of docs/semantics.md (episode boundaries and fragment splits)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Time-major ``[T, B]`` throughout. With the row layout of ``types.py`` a reset row (``obs[t]`` is a
 final observation) gets ``rho_tm1[t] = 0``: its TD error and trace coefficient vanish, so the
-backward recursion restarts there and per-episode V-trace is reproduced exactly (DESIGN.md,
-section 3).
+backward recursion restarts there and per-episode V-trace is reproduced exactly
+(docs/semantics.md, "Next-step autoreset").
 """
 
 from __future__ import annotations
