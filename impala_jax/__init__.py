@@ -2,8 +2,9 @@
 
 from impala_jax.rllib import tune_hook
 from impala_jax.rllib.config import IMPALAConfig, NotProvided
+from impala_jax.rllib.module_spec import RLModuleSpec
 
-__all__ = ["IMPALA", "IMPALAConfig", "NotProvided", "register_env"]
+__all__ = ["IMPALA", "IMPALAConfig", "NotProvided", "RLModuleSpec", "register_env"]
 
 
 # Ray Tune's "IMPALA" is impala_jax's once ray.tune is imported, before or after this line;
@@ -18,7 +19,7 @@ def __getattr__(name: str):
 
         return IMPALA
     if name == "register_env":  # RLlib's ray.tune.register_env, without ray
-        from impala_jax.runtime.envs import register_env
+        from impala_jax.runtime.env_registry import register_env
 
         return register_env
     raise AttributeError(f"module 'impala_jax' has no attribute {name!r}")

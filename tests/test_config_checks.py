@@ -1,4 +1,4 @@
-"""IMPALAConfig validation (config_checks.py): every problem named, with its value and the fix."""
+"""IMPALAConfig validation (rllib/checks.py): every problem named, with its value and the fix."""
 
 from __future__ import annotations
 

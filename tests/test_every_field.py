@@ -38,9 +38,9 @@ from impala_jax import IMPALAConfig
 from impala_jax.rllib import specs
 from impala_jax.rllib.config import _FIELD_TO_BUILDER
 from impala_jax.runtime import checkpoint
-from impala_jax.runtime.envs import make_vec_env
 from impala_jax.runtime.evaluation import Evaluator
 from impala_jax.runtime.host_actor import HostActor
+from impala_jax.runtime.vec_env import make_vec_env
 from tests.fake_envs import SeededFault, make_return_env
 from tests.test_algorithm import small_config
 
@@ -281,6 +281,10 @@ FIELDS: dict[str, Any] = {
         "S",
         {"fcnet_hiddens": [8]},
         lambda o: any(np.shape(x) == (3, 8) for x in leaves(o.algo.learner.state.params)),
+    ),
+    "rl_module_spec": Covered(
+        "tests/test_network_factory.py::"
+        "test_a_custom_factory_builds_the_learners_and_the_actors_networks"
     ),
     # .evaluation()
     "evaluation_interval": Built("A", 1, lambda o: "evaluation" in o.result),

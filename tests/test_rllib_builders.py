@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 from impala_jax import IMPALAConfig
-from impala_jax.rllib.rllib_compat import DEPRECATED, RLLIB_OBJECT, UNSUPPORTED
+from impala_jax.rllib.compat_tables import DEPRECATED, RLLIB_OBJECT, UNSUPPORTED
 from tests.test_algorithm import small_config
 
 rllib_impala = pytest.importorskip("ray.rllib.algorithms.impala")
@@ -271,7 +271,8 @@ def test_default_model_config_builds_and_trains_one_iteration():
 
 
 def test_every_rllib_attribute_exists_or_is_a_clear_error():
-    from impala_jax.rllib.rllib_compat import ATTRIBUTE_ALIASES, RLLIB_ONLY_ATTRIBUTES, NotOffered
+    from impala_jax.rllib.compat import NotOffered
+    from impala_jax.rllib.compat_tables import ATTRIBUTE_ALIASES, RLLIB_ONLY_ATTRIBUTES
 
     ours, theirs = IMPALAConfig(), RLlibConfig()
     names = sorted(n for n in dir(theirs) if not n.startswith("_"))

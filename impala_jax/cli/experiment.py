@@ -115,7 +115,7 @@ def parse_value(text: str) -> Any:
 
 def builder_sections(config) -> dict[str, inspect.Signature]:
     """The builder methods (``training``, ``env_runners``, ...) and their signatures."""
-    from impala_jax.rllib.rllib_compat import NotProvided
+    from impala_jax.rllib.compat import NotProvided
 
     out = {}
     for name in dir(config):
@@ -127,7 +127,7 @@ def builder_sections(config) -> dict[str, inspect.Signature]:
         except (TypeError, ValueError):
             continue
         # A builder's fields default to NotProvided; its **rllib_kwargs (RLlib-only keywords,
-        # routed by rllib_compat) are not fields an override can set.
+        # routed by rllib/compat.py) are not fields an override can set.
         params = [
             p
             for p in signature.parameters.values()

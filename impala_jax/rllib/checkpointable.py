@@ -1,19 +1,50 @@
 """RLlib's Checkpointable for IMPALA: get_state / set_state, save / restore, from_checkpoint.
 
 The format (arrays as one npz, config and counters as JSON, nothing pickled) is
-checkpoint.py's. Over several processes (distributed.py) process 0 alone writes, and a restore
-sends process 0's checkpoint to every process.
+checkpoint.py's. The config's class is stored by import path beside the config, so that
+`from_checkpoint` rebuilds a user's subclass of `IMPALAConfig` as itself (RLlib's Checkpointable
+restores its "class_and_ctor_args" the same way), and this module needs no import of the config.
+Over several processes (distributed.py) process 0 alone writes, and a restore sends process 0's
+checkpoint to every process.
 """
 
 from __future__ import annotations
 
+import importlib
 import tempfile
+from typing import Any
 
 import jax
 import numpy as np
 
 from impala_jax.runtime import checkpoint, distributed
 from impala_jax.runtime.buffers import MinibatchBuffer
+
+# state.json's key of the config's class ("module:qualname"); a checkpoint written before it
+# existed holds an IMPALAConfig.
+CONFIG_CLASS_KEY = "config_class"
+DEFAULT_CONFIG_CLASS = "impala_jax.rllib.config:IMPALAConfig"
+
+
+def import_path(path: str) -> Any:
+    """The object at ``"pkg.mod:qualname"`` (as ``checkpoint.jsonable`` writes a class)."""
+    module, sep, qualname = path.partition(":")
+    if not sep or not module or not qualname or "<" in qualname:
+        raise ValueError(
+            f"{CONFIG_CLASS_KEY}={path!r} in the checkpoint is not an importable path "
+            "'pkg.mod:Cls'; a config class defined inside a function cannot be restored, define "
+            "it at module level."
+        )
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(
+            f"the checkpoint's config class {path!r} cannot be imported ({err}); import or "
+            "define it where the checkpoint was written."
+        ) from err
+    return obj
 
 
 class Checkpointable:
@@ -81,6 +112,7 @@ class Checkpointable:
         meta = {
             "format": checkpoint.FORMAT,
             "config": checkpoint.jsonable(self.config.to_dict()),
+            CONFIG_CLASS_KEY: checkpoint.jsonable(type(self.config)),
             "counters": state["counters"],
             "episodes": state["episodes"],
         }
@@ -140,8 +172,7 @@ class Checkpointable:
         """Builds the checkpoint's config and restores its state. ``env`` replaces the
         checkpoint's env: needed when that was a lambda or local function, which a checkpoint
         stores only by name (a name given to register_env must be registered again)."""
-        from impala_jax.rllib.config import IMPALAConfig
-        from impala_jax.runtime.envs import check_restorable
+        from impala_jax.runtime.env_registry import check_restorable
 
         path = checkpoint.path_of(path)
         if jax.process_count() > 1:  # process 0 reads it (restore_from_path)
@@ -155,7 +186,8 @@ class Checkpointable:
             config["env"] = env
         else:
             check_restorable(config.get("env"), config.get("env_config"), f"checkpoint {path}")
-        algo = IMPALAConfig.from_dict(config).build()
+        config_class = import_path(meta.get(CONFIG_CLASS_KEY, DEFAULT_CONFIG_CLASS))
+        algo = config_class.from_dict(config).build()
         algo.restore(path)
         return algo
 

@@ -1,14 +1,17 @@
 """IMPALAConfig: RLlib's builder outside, a validated frozen copy inside.
 
 The public face mirrors ``ray.rllib.algorithms.impala.IMPALAConfig`` (ray 2.60): the same builder
-methods, keyword names and defaults (``/work/shared/reference/rllib_impala_defaults.md``), the same
-mutate-and-return-self semantics. ``build()`` validates, freezes a copy and hands it to ``IMPALA``.
+methods, keyword names and defaults (RLlib 2.60's fresh values, so that RLlib scripts behave the
+same), the same mutate-and-return-self semantics. ``build()`` validates, freezes a copy and hands
+it to ``IMPALA``.
 
 Every field is a keyword of exactly one builder method (``learner_class`` of two) and an attribute
 of the same name. The comment beside each default in ``__init__`` says what the field means in
 impala_jax and where the default comes from: "RLlib" means RLlib 2.60's fresh value; anything
 else is marked. ``docs/config.md`` is the user-facing version of the same table.
-Validation lives in ``config_checks.py``, the model_config defaults in ``model_config.py``.
+Validation lives in ``checks.py`` (``model_config_checks.py`` for the model_config keys), RLlib's
+keywords not offered here in ``compat.py`` and ``compat_tables.py``, the network plug point in
+``module_spec.py`` and the model_config defaults in ``core/model_config.py``.
 
 Any value may be a Ray Tune search space (``{"grid_search": [...]}`` or an object from a
 ``ray.tune`` module) until a trial resolves it: ``validate()`` skips such values, ``to_dict()`` /
@@ -18,7 +21,6 @@ Any value may be a Ray Tune search space (``{"grid_search": [...]}`` or an objec
 from __future__ import annotations
 
 import copy as _copy
-import dataclasses
 import difflib
 import inspect
 import logging
@@ -26,16 +28,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
-from impala_jax.rllib.config_checks import (
-    SETTER_CHECKS,
-    batch_layout,
-    find_search_space,
-    is_schedule,
-    is_search_space,
-    merge_model_config,
-    validate_config,
+from impala_jax.rllib.checks import SETTER_CHECKS, validate_config
+from impala_jax.rllib.compat import NotProvided, RLlibBuilders, route
+from impala_jax.rllib.model_config_checks import merge_model_config
+from impala_jax.rllib.module_spec import (
+    DEFAULT_FACTORY,
+    RLModuleSpec,
+    as_rl_module_spec,
+    spec_to_dict,
 )
-from impala_jax.rllib.rllib_compat import NotProvided, RLlibBuilders, route
+from impala_jax.rllib.values import find_search_space, is_schedule, is_search_space
 from impala_jax.runtime.callbacks import CALLBACK_KEYWORDS
 
 __all__ = ["DEFAULT_MODEL_CONFIG", "IMPALAConfig", "NotProvided", "RLModuleSpec"]
@@ -46,20 +48,12 @@ _LOG = logging.getLogger("impala_jax")
 _ATTRIBUTE = {"framework": "framework_str"}
 
 
-@dataclasses.dataclass(frozen=True)
-class RLModuleSpec:
-    """What the learner and the actors build their networks from."""
-
-    model_config: Mapping[str, Any]  # the merged model_config
-    factory: str = "impala_jax.core.networks.make_networks"  # import path of the network factory
-    observation_space: Any = None  # None: taken from the env
-    action_space: Any = None
-
-
 def _plain(value: Any) -> Any:
     """A deep copy with tuples turned into lists, so that to_dict() is JSON-shaped."""
     if is_search_space(value) and not isinstance(value, dict):
         return value  # carried unchanged
+    if isinstance(value, RLModuleSpec):
+        return _plain(spec_to_dict(value))
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -155,6 +149,8 @@ class IMPALAConfig(RLlibBuilders):
 
         # .rl_module()
         self._model_config = merge_model_config({})  # RLlib: {}; here defaults merged in
+        # None: impala_jax's networks; RLModuleSpec(factory=fn): fn builds them (module_spec.py)
+        self._rl_module_spec = None
 
         # .evaluation()
         self.evaluation_interval = None  # evaluate every N train() calls; None or 0 = never
@@ -196,14 +192,14 @@ class IMPALAConfig(RLlibBuilders):
         self.fake_sampler = False  # reuse the first train batch forever (learner benchmarking)
         self.seed = None  # root PRNG and env seed; None = drawn at build
 
-        # .callbacks() (impala_jax/runtime/callbacks.py). RLlib: RLlibCallback; None here = no class.
+        # .callbacks() (runtime/callbacks.py). RLlib: RLlibCallback; None here = no class.
         self.callbacks_class = None  # an RLlibCallback subclass, its import path, or a list
         # Per-event callables (RLlib's callbacks_on_*): a callable, an import path or a list;
         # those impala_jax does not call (callbacks.UNSUPPORTED_HOOKS) must stay None.
         for _hook in CALLBACK_KEYWORDS:
             setattr(self, _hook, None)
 
-        # .resources() (not in the measured table; RLlib's values)
+        # .resources() (RLlib's values)
         self.num_cpus_for_main_process = 1  # CPUs a Tune trial asks for its main process
         self.num_gpus = 1  # RLlib IMPALA's old-stack value; JAX picks the devices
         self.placement_strategy = "PACK"  # a trial is one bundle: others are a ValueError
@@ -314,8 +310,15 @@ class IMPALAConfig(RLlibBuilders):
         """Sets the learner devices (data parallel over ``num_learners`` JAX devices)."""
         return self._set(locals(), "learners")
 
-    def rl_module(self, *, model_config=NotProvided, **rllib_kwargs) -> IMPALAConfig:
-        """Sets the network; ``model_config`` is merged over `DEFAULT_MODEL_CONFIG`."""
+    def rl_module(
+        self, *, model_config=NotProvided, rl_module_spec=NotProvided, **rllib_kwargs
+    ) -> IMPALAConfig:
+        """Sets the network; ``model_config`` is merged over `DEFAULT_MODEL_CONFIG`.
+
+        ``rl_module_spec``: None (impala_jax's networks, chosen from ``model_config``) or
+        ``impala_jax.RLModuleSpec(factory=fn)``, with ``fn(model_config, observation_space,
+        action_space) -> impala_jax.core.networks.Networks`` or its import path ``"pkg.mod:fn"``.
+        """
         return self._set(locals(), "rl_module")
 
     def evaluation(
@@ -410,7 +413,8 @@ class IMPALAConfig(RLlibBuilders):
         """Sets RLlib-style callbacks; ``callbacks_class`` may be given positionally, as in RLlib.
 
         ``callbacks_class``: an ``RLlibCallback`` subclass (RLlib's or
-        ``impala_jax.runtime.callbacks.RLlibCallback``), its import path, or a list of them; None = none.
+        ``impala_jax.runtime.callbacks.RLlibCallback``), its import path, or a list of them;
+        None = none.
         Each ``on_*``: a callable or a list of callables, called after the class's method.
         """
         return self._set(locals())
@@ -418,7 +422,7 @@ class IMPALAConfig(RLlibBuilders):
     def _set(self, arguments: dict[str, Any], builder: str | None = None) -> IMPALAConfig:
         """Copies every argument that was given onto the attribute of the same name.
 
-        RLlib-only keywords (`**rllib_kwargs` of `builder`) go through `rllib_compat.route`:
+        RLlib-only keywords (`**rllib_kwargs` of `builder`) go through `compat.route`:
         RLlib defaults set nothing, deprecated spellings set their new field, the rest raise.
         """
         extra = arguments.pop("rllib_kwargs", {})
@@ -480,6 +484,15 @@ class IMPALAConfig(RLlibBuilders):
     def model_config(self, value: Any) -> None:
         self._model_config = merge_model_config(value)
 
+    @property
+    def rl_module_spec(self) -> Any:
+        """None, or the user's `RLModuleSpec` naming the network factory (a dict becomes one)."""
+        return self._rl_module_spec
+
+    @rl_module_spec.setter
+    def rl_module_spec(self, value: Any) -> None:
+        self._rl_module_spec = as_rl_module_spec(value)
+
     def _resolved(self, *names: str) -> None:
         for name in names:
             if find_search_space(self._raw(name)):
@@ -504,6 +517,8 @@ class IMPALAConfig(RLlibBuilders):
         """Env steps each learner device trains on per update: `train_batch_size_per_learner`
         rounded up to whole fragments of T (RLlib packs whole fragments the same way)."""
         self._resolved("train_batch_size", "train_batch_size_per_learner", "num_learners")
+        from impala_jax.rllib.specs import batch_layout  # here: specs imports the core (JAX)
+
         layout = batch_layout(self)
         return layout.columns * layout.fragment_length
 
@@ -558,8 +573,13 @@ class IMPALAConfig(RLlibBuilders):
         return "impala_jax.runtime.learner.Learner"
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
+        """What the networks are built from: the factory of ``rl_module_spec`` (impala_jax's
+        own, `DEFAULT_FACTORY`, when none is set), the model config and the spaces."""
+        given = self.rl_module_spec
+        factory = given.factory if isinstance(given, RLModuleSpec) else None
         return RLModuleSpec(
             model_config=_copy.deepcopy(self.model_config),
+            factory=DEFAULT_FACTORY if factory is None else factory,
             observation_space=self.observation_space,
             action_space=self.action_space,
         )

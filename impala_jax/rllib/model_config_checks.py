@@ -1,11 +1,14 @@
-"""Validation of ``model_config``: each key's rule, with the key, the value and what it takes.
+"""Validation of ``model_config``: its setter (`merge_model_config`) and each key's rule, with
+the key, the value and what it takes.
 
-``config_checks`` reports what ``model_config_problems`` finds as ``model_config['key']``
-problems of ``validate()``. The defaults and names are in ``model_config``.
+``checks`` reports what ``model_config_problems`` finds as ``model_config['key']`` problems of
+``validate()``. The defaults and names are in ``core/model_config.py``.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,14 +21,37 @@ from impala_jax.core.model_config import (
     INITIALIZER_PREFIXES,
     canonical_initializer,
 )
+from impala_jax.rllib.values import find_search_space, is_int, is_real, is_search_space
+
+
+def merge_model_config(value: Any) -> Any:
+    """`value` merged over DEFAULT_MODEL_CONFIG (a search space is kept as it is).
+
+    The setter of ``model_config`` and its setter-time check: a non-dict or an unknown key raises.
+    """
+    if is_search_space(value):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"model_config={value!r}: expected a dict with keys from "
+            f"{sorted(DEFAULT_MODEL_CONFIG)}."
+        )
+    unknown = [k for k in value if k not in DEFAULT_MODEL_CONFIG]
+    if unknown:
+        raise ValueError(
+            f"model_config has unknown key(s) {unknown}; valid keys: "
+            f"{sorted(DEFAULT_MODEL_CONFIG)}."
+        )
+    merged = copy.deepcopy(dict(DEFAULT_MODEL_CONFIG))
+    merged.update(copy.deepcopy(dict(value)))
+    return merged
 
 
 def model_config_problems(mc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     """(field, what it expects, value) for every key of ``mc`` that breaks its rule; keys still
     holding a Tune search space are skipped (a trial resolves them)."""
-    # Here, not at import: config_checks imports this module.
-    from impala_jax.rllib.config_checks import _is_int, _is_real, find_search_space
-
     problems: list[tuple[str, str, Any]] = []
 
     def key(k: str, predicate: Any, expected: str) -> None:
@@ -40,18 +66,18 @@ def model_config_problems(mc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
             problems.append((f"model_config['{k}']", f"expected {expected}", v))
 
     def ints(v: Any) -> bool:
-        return isinstance(v, list | tuple) and all(_is_int(x) and x > 0 for x in v)
+        return isinstance(v, list | tuple) and all(is_int(x) and x > 0 for x in v)
 
     def size(v: Any) -> bool:
-        return (_is_int(v) and v > 0) or (
-            isinstance(v, list | tuple) and len(v) == 2 and all(_is_int(x) and x > 0 for x in v)
+        return (is_int(v) and v > 0) or (
+            isinstance(v, list | tuple) and len(v) == 2 and all(is_int(x) and x > 0 for x in v)
         )
 
     def conv_filter(f: Any) -> bool:
         return (
             isinstance(f, list | tuple)
             and len(f) in (3, 4)
-            and _is_int(f[0])
+            and is_int(f[0])
             and f[0] > 0
             and size(f[1])
             and size(f[2])
@@ -115,17 +141,15 @@ def model_config_problems(mc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
         key(k, lambda v: isinstance(v, bool), "True or False")
     for k in ("lstm_use_prev_action", "lstm_use_prev_reward"):
         key(k, lambda v: isinstance(v, bool), "True or False")
-    key("log_std_clip_param", lambda v: _is_real(v) and v > 0, "a number > 0")
+    key("log_std_clip_param", lambda v: is_real(v) and v > 0, "a number > 0")
     key("use_lstm", lambda v: isinstance(v, bool), "True or False")
-    key("max_seq_len", lambda v: _is_int(v) and v > 0, "an int > 0")
-    key("lstm_cell_size", lambda v: _is_int(v) and v > 0, "an int > 0")
+    key("max_seq_len", lambda v: is_int(v) and v > 0, "an int > 0")
+    key("lstm_cell_size", lambda v: is_int(v) and v > 0, "an int > 0")
     return problems
 
 
 def _initializer_kwargs(mc: Mapping[str, Any], name: str) -> list[tuple]:
     """`<name>_kwargs`: None or a dict of the keywords the named initializer takes."""
-    from impala_jax.rllib.config_checks import find_search_space
-
     kwargs, init = mc.get(f"{name}_kwargs"), mc.get(name)
     if kwargs is None or find_search_space(kwargs) or find_search_space(init):
         return []

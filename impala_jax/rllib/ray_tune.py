@@ -243,7 +243,7 @@ def register() -> None:
 def share_env(config: Mapping[str, Any]) -> None:
     """A trial's env named with impala_jax.register_env goes into Tune's registry too, which
     Ray ships to the trial's process (only then: Tune's registry outlives impala_jax's)."""
-    from impala_jax.runtime.envs import REGISTERED
+    from impala_jax.runtime.env_registry import REGISTERED
 
     name = config.get("env")
     if not isinstance(name, str) or name not in REGISTERED:

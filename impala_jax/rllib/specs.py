@@ -1,4 +1,5 @@
-"""The frozen config -> the static specs the compiled learner step closes over."""
+"""The frozen config -> the static specs the compiled learner step closes over, and the batch
+layout (`batch_layout`) that the config's checks and derived sizes read too."""
 
 from __future__ import annotations
 
@@ -8,7 +9,32 @@ import math
 from impala_jax.core.losses import LossSpec
 from impala_jax.core.optim import OptimizerSpec
 from impala_jax.core.update import StepSpec
-from impala_jax.rllib.config_checks import batch_layout
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """How one update's batch is made of fragments (see `batch_layout`)."""
+
+    fragment_length: int  # T
+    columns: int  # new fragments per learner device per update
+    replay_columns: int  # replayed fragments mixed in per device (mixin replay)
+    num_devices: int  # learner devices, max(1, num_learners)
+
+
+def batch_layout(config) -> BatchLayout:
+    """The per-update batch: `train_batch_size_per_learner` rounded up to whole fragments.
+
+    RLlib's IMPALA packs whole fragments until a package holds at least
+    `train_batch_size_per_learner` env steps, so e.g. 512 with fragments of 50 trains on
+    11 x 50 = 550 steps per learner; impala_jax does the same, per learner device.
+    """
+    T = config.get_rollout_fragment_length()
+    columns = -(-config.train_batch_size_per_learner // T)
+    replay_columns = 0
+    if config.replay_proportion > 0 and config.replay_buffer_num_slots > 0:
+        # "replayed with a p:1 proportion to new data": p * columns replayed columns per step.
+        replay_columns = max(1, round(config.replay_proportion * columns))
+    return BatchLayout(T, columns, replay_columns, max(1, config.num_learners))
 
 
 def optimizer_spec(config) -> OptimizerSpec:
@@ -73,7 +99,7 @@ def clip_rewards(config):
         # RLlib clips Atari rewards by default; is_atari=None: detected from the env id.
         is_atari = config.is_atari
         if is_atari is None:
-            from impala_jax.runtime.envs import is_atari_id
+            from impala_jax.runtime.env_registry import is_atari_id
 
             is_atari = is_atari_id(config.env)
         return True if is_atari else None

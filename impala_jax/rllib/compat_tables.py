@@ -1,56 +1,24 @@
-"""RLlib 2.60 builder keywords that impala_jax does not offer, and RLlib's deprecated spellings.
+"""The data of RLlib compatibility: RLlib 2.60 keywords impala_jax does not offer, RLlib's
+deprecated spellings and old attribute names, and fields with no meaning here yet.
 
-Every keyword one of RLlib's ``AlgorithmConfig`` / ``IMPALAConfig`` builder methods accepts is
-accepted by the builder of the same name here (``tests/test_rllib_builders.py`` compares the
-signatures). A keyword impala_jax implements is an explicit keyword of the builder in
-``config.py``; the rest arrive as ``**rllib_kwargs`` and are sorted out by `route`:
+``compat.py`` holds the code that reads these tables (``route``, ``RLlibBuilders``) and
+``checks.py`` the check of ``NOT_HERE``:
 
-- ``UNSUPPORTED``: a feature impala_jax does not have (multi-agent, offline data, connectors,
-  torch/tf settings, Ray resources, ...). RLlib's default value (what a fresh RLlib config holds)
-  is accepted and changes nothing; any other value is a `NotImplementedError` naming the feature.
-- ``DEPRECATED``: RLlib's deprecated spellings, treated as RLlib 2.60 treats them: those RLlib
-  still honours (with a warning) set the new field and warn with a `DeprecationWarning`; those
-  RLlib rejects are a `ValueError` naming the new spelling.
-- anything else is a `TypeError`, as an unknown keyword of any Python function.
+- ``UNSUPPORTED``: builder -> keyword -> (RLlib's default, why it is not offered). RLlib's
+  default value (what a fresh RLlib config holds) is accepted and changes nothing; any other
+  value is a `NotImplementedError` naming the feature.
+- ``DEPRECATED``: builder -> RLlib's deprecated keyword -> `DeprecatedKeyword`, treated as RLlib
+  2.60 treats it: honoured with a `DeprecationWarning`, or rejected with a `ValueError`.
+- ``ATTRIBUTE_ALIASES``, ``RLLIB_ONLY_ATTRIBUTES``: RLlib's attribute names read as their new
+  fields, and those that are a clear error here.
+- ``NOT_HERE``: impala_jax fields with one accepted value (yet), each with the reason.
 
-`NotProvided` (the builders' "not given") lives here too, as the mixin's builders need it.
 No JAX and no ray here: the config imports this module.
 """
 
 from __future__ import annotations
 
-import difflib
-import logging
-import warnings
-from collections.abc import Mapping
 from typing import Any, NamedTuple
-
-
-class _NotProvidedType:
-    """The type of `NotProvided`: "this keyword was not given", distinct from None."""
-
-    _instance: _NotProvidedType | None = None
-
-    def __new__(cls) -> _NotProvidedType:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "NotProvided"
-
-    def __reduce__(self) -> str:
-        return "NotProvided"  # pickles as the module-level singleton
-
-    def __copy__(self) -> _NotProvidedType:
-        return self
-
-    def __deepcopy__(self, memo: dict) -> _NotProvidedType:
-        return self
-
-
-NotProvided = _NotProvidedType()
-
 
 # RLlib's default is an object of RLlib's own (a class, a function, a PolicySpec dict, ...):
 # None is accepted in its place.
@@ -179,8 +147,7 @@ UNSUPPORTED: dict[str, dict[str, tuple[Any, str]]] = {
         ),
     },
     "rl_module": _feature(
-        "custom RLModules are not offered; describe the network with rl_module(model_config=...)",
-        rl_module_spec=None,
+        "per-module config overrides are not offered: impala_jax trains one policy",
         algorithm_config_overrides_per_module={},
     ),
     "framework": _feature(
@@ -376,75 +343,6 @@ DEPRECATED: dict[str, dict[str, DeprecatedKeyword]] = {
 DEPRECATED_VALUE = -1
 
 
-def is_rllib_default(value: Any, default: Any) -> bool:
-    """True when `value` is RLlib's fresh value for the keyword (or None for an RLlib object)."""
-    if default is RLLIB_OBJECT:
-        return value is None
-    try:
-        return bool(value == default)
-    except Exception:  # e.g. an array compared elementwise
-        return False
-
-
-def route(builder: str, kwargs: Mapping[str, Any], known: list[str]) -> dict[str, Any]:
-    """The fields to set for RLlib-only keywords given to `builder`, after checking each.
-
-    `known` are the builder's own keywords (for the TypeError's suggestion). RLlib defaults of
-    unsupported keywords set nothing; deprecated spellings RLlib still honours map onto their
-    field (with a DeprecationWarning); everything else raises.
-    """
-    fields: dict[str, Any] = {}
-    for name, value in kwargs.items():
-        if name in UNSUPPORTED.get(builder, {}):
-            default, reason = UNSUPPORTED[builder][name]
-            if not is_rllib_default(value, default):
-                shown = "None" if default is RLLIB_OBJECT else repr(default)
-                raise NotImplementedError(
-                    f"{builder}({name}={value!r}): {reason}. impala_jax accepts only RLlib's "
-                    f"default ({shown}) here; see docs/config.md, 'RLlib keywords not offered'."
-                )
-        elif name in DEPRECATED.get(builder, {}):
-            old = DEPRECATED[builder][name]
-            if value == DEPRECATED_VALUE:
-                continue
-            if not old.honoured:
-                raise ValueError(
-                    f"{builder}({name}=..) is deprecated (RLlib 2.60 rejects it too); use "
-                    f"{old.new} instead."
-                )
-            warnings.warn(
-                f"{builder}({name}=..) is deprecated; use {old.new} instead.",
-                DeprecationWarning,
-                stacklevel=4,
-            )
-            if old.target is not None:
-                fields[old.target] = value
-        else:
-            close = difflib.get_close_matches(name, known, n=3)
-            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
-            raise TypeError(f"{builder}() got an unexpected keyword argument {name!r}{hint}")
-    return fields
-
-
-def raise_deprecated_builder(name: str) -> None:
-    """RLlib 2.60's `rollouts()` and `exploration()`: removed, as there."""
-    raise ValueError(
-        f"AlgorithmConfig.{name}(..) is deprecated (RLlib 2.60 rejects it too); use "
-        f".env_runners(..) instead."
-    )
-
-
-_LOG = logging.getLogger("impala_jax")
-_SAID: set[str] = set()
-
-
-def _say_once(message: str) -> None:
-    """Logs `message` at INFO the first time only (RLlib's scripts call framework() per run)."""
-    if message not in _SAID:
-        _SAID.add(message)
-        _LOG.info(message)
-
-
 # RLlib 2.60's old attribute names, read as the fields they became (with a DeprecationWarning,
 # as RLlib's deprecated properties do); ``callbacks_on_*`` are RLlib's names of the per-event
 # callables, which impala_jax keeps as ``on_*``.
@@ -492,292 +390,115 @@ ATTRIBUTE_ALIASES: dict[str, str] = {
 # one is a clear error naming it, not a bare AttributeError. tests/test_rllib_builders.py checks
 # this list against ray's IMPALAConfig.
 RLLIB_ONLY_ATTRIBUTES: frozenset[str] = frozenset(
-    (
-        "DEFAULT_AGENT_TO_MODULE_MAPPING_FN",
-        "DEFAULT_POLICY_MAPPING_FN",
-        "actions_in_input_normalized",
-        "add_default_connectors_to_env_to_module_pipeline",
-        "add_default_connectors_to_learner_pipeline",
-        "add_default_connectors_to_module_to_env_pipeline",
-        "algorithm_config_overrides_per_module",
-        "always_attach_evaluation_results",
-        "auto_wrap_old_gym_envs",
-        "broadcast_env_runner_states",
-        "broadcast_offline_eval_runner_states",
-        "buffer_size",
-        "build_env_to_module_connector",
-        "build_learner",
-        "build_learner_connector",
-        "build_learner_group",
-        "build_module_to_env_connector",
-        "collect_metrics_timeout",
-        "count_steps_by",
-        "create_env_on_local_worker",
-        "create_local_env_runner",
-        "custom_async_evaluation_function",
-        "custom_resources_for_main_process",
-        "custom_resources_per_env_runner",
-        "custom_resources_per_learner",
-        "custom_resources_per_offline_eval_runner",
-        "custom_resources_per_worker",
-        "dataset_num_iters_per_eval_runner",
-        "dataset_num_iters_per_learner",
-        "eager_max_retraces",
-        "eager_tracing",
-        "enable_async_evaluation",
-        "enable_connectors",
-        "enable_tf1_exec_eagerly",
-        "env_runner_state_server_max_concurrency",
-        "env_task_fn",
-        "episode_lookback_horizon",
-        "episodes_to_numpy",
-        "evaluation_auto_duration_max_env_steps_per_sample",
-        "evaluation_auto_duration_min_env_steps_per_sample",
-        "evaluation_error_after_n_consecutive_skips",
-        "evaluation_num_episodes",
-        "evaluation_unhealthy_workers_timeout_s",
-        "exploration_config",
-        "extra_python_environs_for_driver",
-        "extra_python_environs_for_worker",
-        "from_state",
-        "get_config_for_module",
-        "get_evaluation_config_object",
-        "get_marl_module_spec",
-        "get_multi_agent_setup",
-        "get_multi_rl_module_spec",
-        "get_rl_module_spec",
-        "get_state",
-        "get_torch_compile_worker_config",
-        "ignore_final_observation",
-        "ignore_offline_eval_runner_failures",
-        "in_evaluation",
-        "input_",
-        "input_compress_columns",
-        "input_config",
-        "input_evaluation",
-        "input_filesystem",
-        "input_filesystem_kwargs",
-        "input_read_batch_size",
-        "input_read_episodes",
-        "input_read_method",
-        "input_read_method_kwargs",
-        "input_read_sample_batches",
-        "input_read_schema",
-        "input_spaces_jsonable",
-        "iter_batches_kwargs",
-        "keep_per_episode_custom_metrics",
-        "learner_config_dict",
-        "learning_starts",
-        "local_tf_session_args",
-        "map_batches_kwargs",
-        "materialize_data",
-        "materialize_mapped_data",
-        "max_num_offline_eval_runner_restarts",
-        "max_requests_in_flight_per_learner",
-        "max_requests_in_flight_per_offline_eval_runner",
-        "merge_env_runner_states",
-        "metrics_episode_collection_timeout_s",
-        "min_iter_time_s",
-        "model",
-        "monitor",
-        "num_cpus_per_offline_eval_runner",
-        "num_gpus_per_offline_eval_runner",
-        "num_offline_eval_runners",
-        "observation_fn",
-        "off_policy_estimation_methods",
-        "offline_data_class",
-        "offline_eval_batch_size_per_runner",
-        "offline_eval_rl_module_inference_only",
-        "offline_eval_runner_class",
-        "offline_eval_runner_health_probe_timeout_s",
-        "offline_eval_runner_restore_timeout_s",
-        "offline_evaluation_duration",
-        "offline_evaluation_interval",
-        "offline_evaluation_parallel_to_training",
-        "offline_evaluation_timeout_s",
-        "offline_evaluation_type",
-        "offline_loss_for_module_fn",
-        "offline_sampling",
-        "ope_split_batch_by_episode",
-        "optimizer",
-        "output",
-        "output_compress_columns",
-        "output_config",
-        "output_filesystem",
-        "output_filesystem_kwargs",
-        "output_max_file_size",
-        "output_max_rows_per_file",
-        "output_write_episodes",
-        "output_write_method",
-        "output_write_method_kwargs",
-        "output_write_remaining_data",
-        "overrides",
-        "policies",
-        "policies_to_train",
-        "policy_map_cache",
-        "policy_map_capacity",
-        "policy_mapping_fn",
-        "policy_states_are_swappable",
-        "pop",
-        "postprocess_inputs",
-        "prelearner_buffer_class",
-        "prelearner_buffer_kwargs",
-        "prelearner_class",
-        "prelearner_module_synch_period",
-        "prelearner_use_recorded_module_states",
-        "preprocessor_pref",
-        "prioritized_replay",
-        "prioritized_replay_alpha",
-        "prioritized_replay_beta",
-        "prioritized_replay_eps",
-        "remote_env_batch_wait_ms",
-        "remote_worker_envs",
-        "replay_batch_size",
-        "replay_mode",
-        "replay_sequence_length",
-        "restart_failed_offline_eval_runners",
-        "rl_module_spec",
-        "sample_collector",
-        "sampler_perf_stats_ema_coef",
-        "serialize",
-        "shuffle_buffer_size",
-        "simple_optimizer",
-        "stats_cls_lookup",
-        "sync_filters_on_rollout_workers_timeout_s",
-        "synchronize_filters",
-        "tf_session_args",
-        "timesteps_per_iteration",
-        "torch_compile_learner",
-        "torch_compile_learner_dynamo_backend",
-        "torch_compile_learner_dynamo_mode",
-        "torch_compile_learner_what_to_compile",
-        "torch_compile_worker",
-        "torch_compile_worker_dynamo_backend",
-        "torch_compile_worker_dynamo_mode",
-        "torch_ddp_kwargs",
-        "torch_skip_nan_gradients",
-        "update_worker_filter_stats",
-        "use_env_runner_state_server",
-        "use_worker_filter_stats",
-        "validate_env_runners_after_construction",
-        "validate_offline_eval_runners_after_construction",
-        "validate_train_batch_size_vs_rollout_fragment_length",
-        "validate_workers_after_construction",
-        "worker_cls",
-    )
+    """
+    DEFAULT_AGENT_TO_MODULE_MAPPING_FN DEFAULT_POLICY_MAPPING_FN actions_in_input_normalized
+    add_default_connectors_to_env_to_module_pipeline add_default_connectors_to_learner_pipeline
+    add_default_connectors_to_module_to_env_pipeline algorithm_config_overrides_per_module
+    always_attach_evaluation_results auto_wrap_old_gym_envs broadcast_env_runner_states
+    broadcast_offline_eval_runner_states buffer_size build_env_to_module_connector build_learner
+    build_learner_connector build_learner_group build_module_to_env_connector
+    collect_metrics_timeout count_steps_by create_env_on_local_worker create_local_env_runner
+    custom_async_evaluation_function custom_resources_for_main_process
+    custom_resources_per_env_runner custom_resources_per_learner
+    custom_resources_per_offline_eval_runner custom_resources_per_worker
+    dataset_num_iters_per_eval_runner dataset_num_iters_per_learner eager_max_retraces
+    eager_tracing enable_async_evaluation enable_connectors enable_tf1_exec_eagerly
+    env_runner_state_server_max_concurrency env_task_fn episode_lookback_horizon
+    episodes_to_numpy evaluation_auto_duration_max_env_steps_per_sample
+    evaluation_auto_duration_min_env_steps_per_sample evaluation_error_after_n_consecutive_skips
+    evaluation_num_episodes evaluation_unhealthy_workers_timeout_s exploration_config
+    extra_python_environs_for_driver extra_python_environs_for_worker from_state
+    get_config_for_module get_evaluation_config_object get_marl_module_spec
+    get_multi_agent_setup get_multi_rl_module_spec get_rl_module_spec get_state
+    get_torch_compile_worker_config ignore_final_observation ignore_offline_eval_runner_failures
+    in_evaluation input_ input_compress_columns input_config input_evaluation input_filesystem
+    input_filesystem_kwargs input_read_batch_size input_read_episodes input_read_method
+    input_read_method_kwargs input_read_sample_batches input_read_schema input_spaces_jsonable
+    iter_batches_kwargs keep_per_episode_custom_metrics learner_config_dict learning_starts
+    local_tf_session_args map_batches_kwargs materialize_data materialize_mapped_data
+    max_num_offline_eval_runner_restarts max_requests_in_flight_per_learner
+    max_requests_in_flight_per_offline_eval_runner merge_env_runner_states
+    metrics_episode_collection_timeout_s min_iter_time_s model monitor
+    num_cpus_per_offline_eval_runner num_gpus_per_offline_eval_runner num_offline_eval_runners
+    observation_fn off_policy_estimation_methods offline_data_class
+    offline_eval_batch_size_per_runner offline_eval_rl_module_inference_only
+    offline_eval_runner_class offline_eval_runner_health_probe_timeout_s
+    offline_eval_runner_restore_timeout_s offline_evaluation_duration
+    offline_evaluation_interval offline_evaluation_parallel_to_training
+    offline_evaluation_timeout_s offline_evaluation_type offline_loss_for_module_fn
+    offline_sampling ope_split_batch_by_episode optimizer output output_compress_columns
+    output_config output_filesystem output_filesystem_kwargs output_max_file_size
+    output_max_rows_per_file output_write_episodes output_write_method
+    output_write_method_kwargs output_write_remaining_data overrides policies policies_to_train
+    policy_map_cache policy_map_capacity policy_mapping_fn policy_states_are_swappable pop
+    postprocess_inputs prelearner_buffer_class prelearner_buffer_kwargs prelearner_class
+    prelearner_module_synch_period prelearner_use_recorded_module_states preprocessor_pref
+    prioritized_replay prioritized_replay_alpha prioritized_replay_beta prioritized_replay_eps
+    remote_env_batch_wait_ms remote_worker_envs replay_batch_size replay_mode
+    replay_sequence_length restart_failed_offline_eval_runners sample_collector
+    sampler_perf_stats_ema_coef serialize shuffle_buffer_size simple_optimizer stats_cls_lookup
+    sync_filters_on_rollout_workers_timeout_s synchronize_filters tf_session_args
+    timesteps_per_iteration torch_compile_learner torch_compile_learner_dynamo_backend
+    torch_compile_learner_dynamo_mode torch_compile_learner_what_to_compile torch_compile_worker
+    torch_compile_worker_dynamo_backend torch_compile_worker_dynamo_mode torch_ddp_kwargs
+    torch_skip_nan_gradients update_worker_filter_stats use_env_runner_state_server
+    use_worker_filter_stats validate_env_runners_after_construction
+    validate_offline_eval_runners_after_construction
+    validate_train_batch_size_vs_rollout_fragment_length validate_workers_after_construction
+    worker_cls
+    """.split()
 )
 
 
-class NotOffered(AttributeError, NotImplementedError):
-    """An RLlib config attribute impala_jax does not offer; an AttributeError, so ``hasattr``
-    and ``getattr(config, name, default)`` behave as for any missing attribute."""
-
-
-class RLlibBuilders:
-    """RLlib's builder methods that are about RLlib itself (mixed into `IMPALAConfig`).
-
-    `resources`, `api_stack` and `framework` set fields (see docs/config.md); the rest are
-    features impala_jax does not offer. Each takes RLlib 2.60's keywords: RLlib's defaults are
-    accepted and change nothing, anything else raises (see `route`), so ``config.multi_agent()``
-    or ``.offline_data(output=None)`` in an RLlib script is harmless and a real multi-agent or
-    offline setting is a clear error.
-    """
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for names the config does not have.
-        if name in ATTRIBUTE_ALIASES:
-            new = ATTRIBUTE_ALIASES[name]
-            warnings.warn(
-                f"config.{name} is RLlib's old name; use config.{new}", DeprecationWarning, 2
-            )
-            return getattr(self, new)
-        if name in RLLIB_ONLY_ATTRIBUTES:
-            raise NotOffered(
-                f"IMPALAConfig.{name} is part of RLlib's AlgorithmConfig that impala_jax does not "
-                "offer (impala_jax is one single-agent, online process without RLlib's "
-                "connectors, offline data or Ray actors); see docs/config.md, 'Differences from "
-                "RLlib'."
-            )
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    # RLlib's dict shims ("pretend we are a dict"), over to_dict().
-    def get(self, key: str, default: Any = None) -> Any:
-        key = ATTRIBUTE_ALIASES.get(key, key)
-        return self.to_dict().get(key, default)
-
-    def keys(self):
-        return self.to_dict().keys()
-
-    def items(self):
-        return self.to_dict().items()
-
-    def values(self):
-        return self.to_dict().values()
-
-    @property
-    def is_multi_agent(self) -> bool:
-        return False  # multi_agent() accepts only RLlib's single-agent defaults
-
-    @property
-    def is_online(self) -> bool:
-        return True
-
-    @property
-    def is_offline(self) -> bool:
-        return False
-
-    @property
-    def uses_new_env_runners(self) -> bool:
-        return True
-
-    def resources(
-        self,
-        *,
-        num_cpus_for_main_process=NotProvided,
-        num_gpus=NotProvided,
-        placement_strategy=NotProvided,
-        **rllib_kwargs: Any,
-    ) -> Any:
-        """Accepted for RLlib compatibility; impala_jax runs in one process."""
-        return self._set(locals(), "resources")
-
-    def api_stack(
-        self,
-        enable_rl_module_and_learner=NotProvided,
-        enable_env_runner_and_connector_v2=NotProvided,
-    ) -> Any:
-        """RLlib's API stack switches: impala_jax is the new stack only, so only True is valid."""
-        return self._set(locals(), "api_stack")
-
-    def framework(self, framework=NotProvided, **rllib_kwargs: Any) -> Any:
-        """RLlib's deep-learning framework: recorded, but impala_jax always runs JAX."""
-        if framework is not NotProvided and framework != "jax":
-            _say_once(
-                f"framework={framework!r} is recorded for RLlib compatibility; impala_jax always "
-                "runs JAX (jax.jit on JAX's default backend: the GPU when present, else the CPU)."
-            )
-        return self._set(locals(), "framework")
-
-    def multi_agent(self, **rllib_kwargs: Any) -> Any:
-        """RLlib's multi-agent settings: not offered (impala_jax trains one policy)."""
-        return self._set({"rllib_kwargs": rllib_kwargs}, "multi_agent")
-
-    def offline_data(self, **rllib_kwargs: Any) -> Any:
-        """RLlib's offline input/output settings: not offered."""
-        return self._set({"rllib_kwargs": rllib_kwargs}, "offline_data")
-
-    def python_environment(self, **rllib_kwargs: Any) -> Any:
-        """RLlib's per-process environment variables: not offered (one process)."""
-        return self._set({"rllib_kwargs": rllib_kwargs}, "python_environment")
-
-    def experimental(self, **rllib_kwargs: Any) -> Any:
-        """RLlib's experimental switches: only their defaults are accepted."""
-        return self._set({"rllib_kwargs": rllib_kwargs}, "experimental")
-
-    def rollouts(self, *args: Any, **kwargs: Any) -> Any:
-        """Removed in RLlib (an error there too): use ``env_runners(..)``."""
-        raise_deprecated_builder("rollouts")
-
-    def exploration(self, *args: Any, **kwargs: Any) -> Any:
-        """Removed in RLlib (an error there too): use ``env_runners(explore=..)``."""
-        raise_deprecated_builder("exploration")
+# Fields with no meaning in impala_jax (yet): field -> (the one accepted value, why).
+NOT_HERE: dict[str, tuple[Any, str]] = {
+    "num_gpus_per_env_runner": (
+        0,
+        "the env runners act on the first learner device, whose GPU a Ray Tune trial already "
+        "asks for through learners(num_gpus_per_learner=...)",
+    ),
+    "placement_strategy": (
+        "PACK",
+        "a Ray Tune trial of impala_jax is one process, one placement-group bundle, so there "
+        "is nothing to pack or spread",
+    ),
+    "compress_observations": (
+        False,
+        "fragments stay in memory as arrays (no Ray object store in between), so there is "
+        "nothing to compress",
+    ),
+    "checkpoint_trainable_policies_only": (
+        False,
+        "impala_jax has one policy, always trainable, and always checkpoints it",
+    ),
+    "timeout_s_sampler_manager": (
+        0.0,
+        "a Ray actor-manager timeout; runner threads hand fragments over through an in-memory "
+        "queue that nobody polls",
+    ),
+    "timeout_s_aggregator_manager": (0.0, "a Ray actor-manager timeout; there are no actors"),
+    "max_requests_in_flight_per_env_runner": (
+        1,
+        "not supported yet: a runner thread hands over one fragment at a time (back-pressure "
+        "is training(learner_queue_size=...))",
+    ),
+    "local_gpu_idx": (0, "not supported yet: the learners are the first JAX devices"),
+    "env_runner_health_probe_timeout_s": (
+        30.0,
+        "not supported yet: a runner thread is judged hung by env_runners(sample_timeout_s=...)",
+    ),
+    "env_runner_restore_timeout_s": (
+        1800.0,
+        "not supported yet: a runner thread restarts at once (after "
+        "delay_between_env_runner_restarts_s)",
+    ),
+    "action_mask_key": (
+        "action_mask",
+        "not supported yet: action masking needs Dict observations, which impala_jax does not take",
+    ),
+    "env_runner_cls": (
+        None,
+        "not supported yet: runners are impala_jax.runtime.env_runner.EnvRunner",
+    ),
+    "learner_class": (None, "not supported yet: the learner is impala_jax.runtime.learner.Learner"),
+}

@@ -2,21 +2,28 @@
 
 `IMPALAConfig.validate()` is the entry point: it calls `validate_config`, which collects every
 problem and raises one ValueError naming each field, its value and the fix. ``SETTER_CHECKS`` are
-the few checks RLlib makes as soon as a builder is called. The dependency runs one way:
-``impala_jax.rllib.config`` imports this module, never the reverse (the config is passed in). What each
-rule is, and where it is stricter than RLlib, is listed in ``docs/config.md``.
+the few checks RLlib makes as soon as a builder is called. The config is passed in: this module
+never imports ``config.py``. What each rule is, and where it is stricter than RLlib, is listed in
+``docs/config.md``.
 """
 
 from __future__ import annotations
 
-import copy as _copy
-import dataclasses
-import numbers
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
-from impala_jax.rllib.model_config_checks import model_config_problems
+from impala_jax.rllib.compat_tables import NOT_HERE
+from impala_jax.rllib.model_config_checks import merge_model_config, model_config_problems
+from impala_jax.rllib.module_spec import as_rl_module_spec, rl_module_spec_problem
+from impala_jax.rllib.values import (
+    find_search_space,
+    is_int,
+    is_real,
+    is_schedule,
+    is_search_space,
+    schedule_problem,
+)
 from impala_jax.runtime.callbacks import (
     CALLBACK_KEYWORDS,
     SUPPORTED_HOOKS,
@@ -24,115 +31,12 @@ from impala_jax.runtime.callbacks import (
     unsupported_overrides,
 )
 
-if TYPE_CHECKING:
-    from impala_jax.rllib.config import IMPALAConfig
-
 OPT_TYPES = ("adam", "rmsprop")
 GRAD_CLIP_BY = ("value", "norm", "global_norm")
 LOSS_REDUCTIONS = ("mean", "sum")
 LOG_LEVELS = ("DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL")
 
 _UNSET = object()  # Validator.fail(): no value given, report the field's own
-
-
-def is_search_space(value: Any) -> bool:
-    """A Ray Tune value a trial has not resolved yet (what ``tune.grid_search`` etc. return)."""
-    if isinstance(value, dict):
-        return len(value) == 1 and "grid_search" in value
-    # A class is never one, even when its metaclass is from ray.tune (RLlib's RLlibCallback).
-    return not isinstance(value, type) and type(value).__module__.startswith("ray.tune")
-
-
-def find_search_space(value: Any) -> bool:
-    if is_search_space(value):
-        return True
-    if isinstance(value, Mapping):
-        return any(find_search_space(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(find_search_space(v) for v in value)
-    return False
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def is_schedule(x: Any) -> bool:
-    return isinstance(x, list | tuple)
-
-
-def _schedule_problem(value: Any) -> str | None:
-    """Why `value` is not a valid [[timestep, value], ...] schedule, or None."""
-    if not isinstance(value, list | tuple) or len(value) < 2:
-        return "a schedule needs at least 2 [timestep, value] pairs"
-    for point in value:
-        if not isinstance(point, list | tuple) or len(point) != 2:
-            return f"entry {point!r} is not a [timestep, value] pair"
-        if not (_is_real(point[0]) and point[0] >= 0 and _is_real(point[1])):
-            return f"entry {point!r} needs a timestep >= 0 and a numeric value"
-        if point[1] < 0:
-            return f"entry {point!r} has a negative value"
-    if value[0][0] != 0:
-        return f"the first timestep must be 0, not {value[0][0]!r}"
-    steps = [p[0] for p in value]
-    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
-        return f"timesteps {steps} must be strictly increasing"
-    return None
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchLayout:
-    """How one update's batch is made of fragments (see `batch_layout`)."""
-
-    fragment_length: int  # T
-    columns: int  # new fragments per learner device per update
-    replay_columns: int  # replayed fragments mixed in per device (mixin replay)
-    num_devices: int  # learner devices, max(1, num_learners)
-
-
-def batch_layout(config: IMPALAConfig) -> BatchLayout:
-    """The per-update batch: `train_batch_size_per_learner` rounded up to whole fragments.
-
-    RLlib's IMPALA packs whole fragments until a package holds at least
-    `train_batch_size_per_learner` env steps, so e.g. 512 with fragments of 50 trains on
-    11 x 50 = 550 steps per learner; impala_jax does the same, per learner device.
-    """
-    T = config.get_rollout_fragment_length()
-    columns = -(-config.train_batch_size_per_learner // T)
-    replay_columns = 0
-    if config.replay_proportion > 0 and config.replay_buffer_num_slots > 0:
-        # "replayed with a p:1 proportion to new data": p * columns replayed columns per step.
-        replay_columns = max(1, round(config.replay_proportion * columns))
-    return BatchLayout(T, columns, replay_columns, max(1, config.num_learners))
-
-
-def merge_model_config(value: Any) -> Any:
-    """`value` merged over DEFAULT_MODEL_CONFIG (a search space is kept as it is).
-
-    The setter of ``model_config`` and its setter-time check: a non-dict or an unknown key raises.
-    """
-    if is_search_space(value):
-        return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = dataclasses.asdict(value)
-    if not isinstance(value, Mapping):
-        raise ValueError(
-            f"model_config={value!r}: expected a dict with keys from "
-            f"{sorted(DEFAULT_MODEL_CONFIG)}."
-        )
-    unknown = [k for k in value if k not in DEFAULT_MODEL_CONFIG]
-    if unknown:
-        raise ValueError(
-            f"model_config has unknown key(s) {unknown}; valid keys: "
-            f"{sorted(DEFAULT_MODEL_CONFIG)}."
-        )
-    merged = _copy.deepcopy(dict(DEFAULT_MODEL_CONFIG))
-    merged.update(_copy.deepcopy(dict(value)))
-    return merged
 
 
 def _check_deprecated_aggregation(name: str, replacement: str) -> Any:
@@ -154,7 +58,7 @@ def _check_grad_clip_by(value: Any) -> None:
 def _check_rollout_fragment_length(value: Any) -> None:
     if is_search_space(value) or value == "auto":
         return
-    if not (_is_int(value) and value > 0):
+    if not (is_int(value) and value > 0):
         raise ValueError(
             f"rollout_fragment_length={value!r}: expected an int > 0 or 'auto' (the train batch "
             f"divided over all envs)."
@@ -230,64 +134,11 @@ SETTER_CHECKS = {
     "rollout_fragment_length": _check_rollout_fragment_length,
     "model_config": _check_model_config,
     "callbacks_class": _check_callbacks_class,
+    "rl_module_spec": as_rl_module_spec,
 }
 
 
-# Fields with no meaning in impala_jax (yet): field -> (the one accepted value, why).
-NOT_HERE: dict[str, tuple[Any, str]] = {
-    "num_gpus_per_env_runner": (
-        0,
-        "the env runners act on the first learner device, whose GPU a Ray Tune trial already "
-        "asks for through learners(num_gpus_per_learner=...)",
-    ),
-    "placement_strategy": (
-        "PACK",
-        "a Ray Tune trial of impala_jax is one process, one placement-group bundle, so there "
-        "is nothing to pack or spread",
-    ),
-    "compress_observations": (
-        False,
-        "fragments stay in memory as arrays (no Ray object store in between), so there is "
-        "nothing to compress",
-    ),
-    "checkpoint_trainable_policies_only": (
-        False,
-        "impala_jax has one policy, always trainable, and always checkpoints it",
-    ),
-    "timeout_s_sampler_manager": (
-        0.0,
-        "a Ray actor-manager timeout; runner threads hand fragments over through an in-memory "
-        "queue that nobody polls",
-    ),
-    "timeout_s_aggregator_manager": (0.0, "a Ray actor-manager timeout; there are no actors"),
-    "max_requests_in_flight_per_env_runner": (
-        1,
-        "not supported yet: a runner thread hands over one fragment at a time (back-pressure "
-        "is training(learner_queue_size=...))",
-    ),
-    "local_gpu_idx": (0, "not supported yet: the learners are the first JAX devices"),
-    "env_runner_health_probe_timeout_s": (
-        30.0,
-        "not supported yet: a runner thread is judged hung by env_runners(sample_timeout_s=...)",
-    ),
-    "env_runner_restore_timeout_s": (
-        1800.0,
-        "not supported yet: a runner thread restarts at once (after "
-        "delay_between_env_runner_restarts_s)",
-    ),
-    "action_mask_key": (
-        "action_mask",
-        "not supported yet: action masking needs Dict observations, which impala_jax does not take",
-    ),
-    "env_runner_cls": (
-        None,
-        "not supported yet: runners are impala_jax.runtime.env_runner.EnvRunner",
-    ),
-    "learner_class": (None, "not supported yet: the learner is impala_jax.runtime.learner.Learner"),
-}
-
-
-def validate_config(config: IMPALAConfig, field_to_builder: Mapping[str, str]) -> None:
+def validate_config(config: Any, field_to_builder: Mapping[str, str]) -> None:
     """Raises one ValueError listing every invalid field of `config`, its value and the fix.
 
     `field_to_builder` maps each field to the builder method that sets it (for the hint).
@@ -298,7 +149,7 @@ def validate_config(config: IMPALAConfig, field_to_builder: Mapping[str, str]) -
 class _Validator:
     """Collects every problem of one config; a field already found bad is not checked again."""
 
-    def __init__(self, config: IMPALAConfig, field_to_builder: Mapping[str, str]):
+    def __init__(self, config: Any, field_to_builder: Mapping[str, str]):
         self.c = config
         self.field_to_builder = field_to_builder
         self.errors: list[str] = []
@@ -335,7 +186,7 @@ class _Validator:
     def integer(self, name: str, low: int, none_ok: bool = False) -> None:
         self.check(
             name,
-            lambda v: (none_ok and v is None) or (_is_int(v) and v >= low),
+            lambda v: (none_ok and v is None) or (is_int(v) and v >= low),
             f"an int >= {low}" + (" or None" if none_ok else ""),
         )
 
@@ -343,7 +194,7 @@ class _Validator:
         self.check(
             name,
             lambda v: (
-                (none_ok and v is None) or (_is_real(v) and (v > low if open_low else v >= low))
+                (none_ok and v is None) or (is_real(v) and (v > low if open_low else v >= low))
             ),
             f"a number {'>' if open_low else '>='} {low}" + (" or None" if none_ok else ""),
         )
@@ -358,6 +209,7 @@ class _Validator:
         self._batch_sizes()
         self._learners()
         self._model_config()
+        self._rl_module_spec()
         self._evaluation()
         self._callbacks()
         self._rest()
@@ -381,7 +233,7 @@ class _Validator:
         c.check("render_env", lambda v: v is False, "False (impala_jax does not render envs)")
         c.check(
             "clip_rewards",
-            lambda v: v is None or isinstance(v, bool) or (_is_real(v) and v > 0),
+            lambda v: v is None or isinstance(v, bool) or (is_real(v) and v > 0),
             "None/False (off), True (sign) or a float > 0 (clip to [-c, c])",
         )
         c.boolean("normalize_actions", "clip_actions", "disable_env_checking")
@@ -415,7 +267,7 @@ class _Validator:
         )
         c.check(
             "rollout_fragment_length",
-            lambda v: v == "auto" or (_is_int(v) and v > 0),
+            lambda v: v == "auto" or (is_int(v) and v > 0),
             "an int > 0 or 'auto'",
         )
         c.check(
@@ -455,13 +307,13 @@ class _Validator:
         c.real("grad_clip", 0, open_low=True, none_ok=True)
         c.choice("grad_clip_by", GRAD_CLIP_BY)
         c.choice("opt_type", OPT_TYPES)
-        c.check("decay", lambda v: _is_real(v) and 0 <= v < 1, "a number in [0, 1)")
+        c.check("decay", lambda v: is_real(v) and 0 <= v < 1, "a number in [0, 1)")
         c.real("momentum", 0)
         c.real("epsilon", 0, open_low=True)
         c.real("rmsprop_initial_scale", 0)
         c.real("vf_loss_coeff", 0)
         c.choice("loss_reduction", LOSS_REDUCTIONS)
-        c.check("gamma", lambda v: _is_real(v) and 0 <= v <= 1, "a number in [0, 1]")
+        c.check("gamma", lambda v: is_real(v) and 0 <= v <= 1, "a number in [0, 1]")
         self._schedule("lr", "lr_schedule", "> 0", open_low=True)
         self._schedule("entropy_coeff", "entropy_coeff_schedule", ">= 0", open_low=False)
         c.boolean("_separate_vf_optimizer", "shuffle_batch_per_epoch")
@@ -486,7 +338,7 @@ class _Validator:
         value, schedule = self.value(name), self.value(schedule_name)
         if c.ok(name):
             if is_schedule(value):
-                problem = _schedule_problem(value)
+                problem = schedule_problem(value)
                 if problem:
                     c.fail(name, f"invalid schedule: {problem}; expected [[0, v0], [t1, v1], ...]")
                 elif schedule is not None:
@@ -498,11 +350,11 @@ class _Validator:
             else:
                 c.check(
                     name,
-                    lambda v: _is_real(v) and (v > 0 if open_low else v >= 0),
+                    lambda v: is_real(v) and (v > 0 if open_low else v >= 0),
                     f"a float {float_rule} or a schedule [[0, v0], [t1, v1], ...]",
                 )
         if c.ok(schedule_name) and schedule is not None:
-            problem = _schedule_problem(schedule)
+            problem = schedule_problem(schedule)
             if problem:
                 c.fail(schedule_name, f"invalid schedule: {problem}; expected [[0, v0], ...]")
 
@@ -520,12 +372,14 @@ class _Validator:
             "num_envs_per_env_runner",
         )
         replay = ("replay_proportion", "replay_buffer_num_slots")
-        if not c.ok(*sizes, *replay) or not _is_int(cfg.num_learners):
+        if not c.ok(*sizes, *replay) or not is_int(cfg.num_learners):
             return
-        if cfg.num_learners < 0 or not _is_int(cfg.train_batch_size_per_learner):
+        if cfg.num_learners < 0 or not is_int(cfg.train_batch_size_per_learner):
             return
         if not c.ok("minibatch_size") or cfg.minibatch_size is None:
             return
+        from impala_jax.rllib.specs import batch_layout  # here: specs imports the core (JAX)
+
         layout = batch_layout(cfg)
         T, devices = layout.fragment_length, layout.num_devices
         total = layout.columns * devices * T
@@ -566,7 +420,7 @@ class _Validator:
                 )
         c.check(
             "num_cpus_per_learner",
-            lambda v: v == "auto" or (_is_real(v) and v >= 0),
+            lambda v: v == "auto" or (is_real(v) and v >= 0),
             "'auto' or a number >= 0",
         )
         c.real("num_gpus_per_learner", 0)
@@ -590,7 +444,7 @@ class _Validator:
         for name, (default, why) in NOT_HERE.items():
             if self.ok(name) and self.value(name) != default:
                 self.fail(name, f"{why}; leave it at {default!r}")
-        if self.ok("num_gpus_per_learner") and _is_real(self.c.num_gpus_per_learner):
+        if self.ok("num_gpus_per_learner") and is_real(self.c.num_gpus_per_learner):
             if self.c.num_gpus_per_learner > 0:
                 import jax  # here, not at import: importing the config must not start JAX
 
@@ -630,12 +484,18 @@ class _Validator:
                     mc["max_seq_len"],
                 )
 
+    def _rl_module_spec(self) -> None:
+        if self.ok("rl_module_spec", "model_config"):
+            problem = rl_module_spec_problem(self.value("rl_module_spec"), self.c.model_config)
+            if problem:
+                self.fail("rl_module_spec", problem)
+
     def _evaluation(self) -> None:
         c, cfg = self, self.c
         c.integer("evaluation_interval", 0, none_ok=True)
         c.check(
             "evaluation_duration",
-            lambda v: v == "auto" or (_is_int(v) and v >= 1),
+            lambda v: v == "auto" or (is_int(v) and v >= 1),
             "an int >= 1, or 'auto' with evaluation_parallel_to_training=True",
         )
         c.choice("evaluation_duration_unit", ("episodes", "timesteps"))
