@@ -125,7 +125,7 @@ def raw_binding(env, num_envs: int, seconds: float) -> tuple[float, float]:
     """(env steps/s, CPU s per env step) of random actions on ``env`` stepped through envpool's
     C++ binding, as impala_jax's runner steps it (envs.EnvpoolVecEnv): raw_envpool's loop
     without envpool's Python send and recv."""
-    from impala_jax.runtime.envs import _binding_layout
+    from impala_jax.runtime.vec_env import _binding_layout
 
     layout = _binding_layout(env)
     if layout is None:
@@ -156,7 +156,8 @@ def compute_only(algo, seconds: float) -> tuple[float, float]:
     config = algo.config
     envs = config.num_envs_per_env_runner
     group = algo.env_runner_group
-    example = algo._example_batch(group.batcher.columns, algo.action_dtype)
+    T = config.get_rollout_fragment_length()
+    example = algo.policy.example_batch(T, group.batcher.columns, algo.action_dtype)
     example = example._replace(valid=np.ones_like(example.valid))
     batch_steps = example.valid.size
     acts_per_batch = max(1, batch_steps // envs)

@@ -94,7 +94,13 @@ def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: 
             metrics = learner.update(learner.put_batch(mine), env_steps=0)
         params = jax.device_get(learner.state.params)
         leaves = [np.asarray(x) for x in jax.tree.leaves(params)]
-        np.savez(out, *leaves, total_loss=np.asarray(jax.device_get(metrics["total_loss"])))
+        metrics = jax.device_get(metrics)
+        np.savez(
+            out,
+            *leaves,
+            total_loss=np.asarray(metrics["total_loss"]),
+            grad_norm=np.asarray(metrics["gradients_default_optimizer_global_norm"]),
+        )
     elif mode in ("lockstep", "threads"):
         # Two iterations; a checkpoint (process 0 writes it); one more iteration, undone by
         # restoring the checkpoint on both processes.
@@ -127,7 +133,7 @@ def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: 
             raise AssertionError("built with different configs")
     elif mode == "runner_failure":
         # Only process 1's envs fail (their seeds start at PROCESS_SEED_STRIDE): both stop.
-        from impala_jax.rllib.algorithm import PROCESS_SEED_STRIDE
+        from impala_jax.runtime.distributed import PROCESS_SEED_STRIDE
         from impala_jax.runtime.env_runner_group import EnvRunnerFailure
         from tests.fake_envs import SeededFault
 

@@ -19,7 +19,7 @@ from impala_jax.core.networks import make_networks
 from impala_jax.core.optim import OptimizerSpec
 from impala_jax.core.update import StepSpec
 from impala_jax.core.vtrace import vtrace
-from impala_jax.rllib.algorithm import stalled_step_message
+from impala_jax.rllib.diagnostics import stalled_step_message
 from impala_jax.runtime.learner import Learner
 from tests.test_learner import ACT, OBS, B, random_batch
 

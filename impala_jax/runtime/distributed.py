@@ -8,11 +8,11 @@ gradient mean runs over all of them. A process puts only its own part of a batch
 value on every process.
 
 Every process runs its own EnvRunnerGroup (runner threads or lockstep) on a seed block of its
-own and feeds its share of each batch. Before each update the processes agree (one small
-allgather) whether every one of them has its batch, which also sums their env-step counts, so a
-runner failure anywhere stops all of them with that process's error instead of leaving the
-others in a collective; process 0 decides when an iteration and the run end. Results count and
-pool over all processes; process 0 alone writes files and checkpoints and evaluates.
+own (`process_seed_and_key`) and feeds its share of each batch. Before each update the processes
+agree (`agreed_next_batch`) that every one has its batch, summing their env-step counts: a runner
+failure anywhere stops all with that process's error instead of leaving the others in a
+collective. Process 0 decides when an iteration and the run end, alone writes files and
+checkpoints and evaluates; results count and pool over all processes.
 
 A lost peer: a peer that exits or is killed breaks the collective it was in, and the others
 stop with `PeerLost` naming it once the coordinator has missed its heartbeats
@@ -23,9 +23,8 @@ Losing process 0 (the coordinator) ends the others through JAX's own fatal error
 recoverability mode is on, so that a lost peer fails the others' collectives instead of
 aborting them from C++; in exchange every process waits for the others at exit (bounded).
 
-CPU processes use gloo collectives (the test setup: two processes on 127.0.0.1); GPUs use NCCL.
-This module imports JAX only inside its functions, and nothing imports it at ``import
-impala_jax``.
+CPU processes use gloo collectives (two processes on 127.0.0.1 in the tests), GPUs NCCL. JAX
+is imported only inside functions; ``import impala_jax`` does not import this module.
 """
 
 from __future__ import annotations
@@ -47,6 +46,8 @@ ENV_NUM_PROCESSES = "IMPALA_JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "IMPALA_JAX_PROCESS_ID"
 # Exit status of a process the watchdog ends (a hung collective); as the CLI's failures.
 EXIT_PEER_LOST = 1
+# Env seeds of process p start at seed + p * this (far above any runner's restart blocks).
+PROCESS_SEED_STRIDE = 1 << 24
 
 _ADDRESS = re.compile(r"^\[?[\w.\-:]+\]?:\d{1,5}$")
 
@@ -147,8 +148,9 @@ def initialize(
         if all(v is None for v in asked):  # e.g. the CLI's main() called in a JAX program
             return jax.process_count()
         raise RuntimeError(
-            "impala_jax.runtime.distributed.initialize() must come before anything uses JAX (before "
-            "build(), jax.devices(), any computation): JAX has started its backends already."
+            "impala_jax.runtime.distributed.initialize() must come before anything uses JAX "
+            "(before build(), jax.devices(), any computation): JAX has started its backends "
+            "already."
         )
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # A lost peer then fails the collectives of the others (which name it and stop) instead
@@ -190,6 +192,55 @@ def process_count() -> int:
 def is_primary() -> bool:
     """Process 0: the one that writes files."""
     return process_index() == 0
+
+
+def local_learner_devices(devices: list, num_learners: int) -> list:
+    """This process's learner devices: its batch columns and its actors' device."""
+    local = [d for d in devices if d.process_index == process_index()]
+    if not local:
+        raise ValueError(
+            f"learners(num_learners={num_learners}) uses none of this process's devices "
+            f"(process {process_index()} of {process_count()}); every process needs a learner "
+            "device: num_learners = the devices of all processes."
+        )
+    return local
+
+
+def process_seed_and_key(seed: int, actor_key):
+    """This process's env seed block (envpool seeds env i with seed + i) and action key; with
+    one process, both unchanged."""
+    if process_count() == 1:
+        return seed, actor_key
+    from jax.random import fold_in
+
+    return seed + process_index() * PROCESS_SEED_STRIDE, fold_in(actor_key, process_index())
+
+
+def agreed_next_batch(next_batch, local_env_steps, on_total, failure=RuntimeError):
+    """``next_batch()``, once every process has its own: one allgather of whether each batch
+    came and of each process's ``local_env_steps()``, whose sum (the same on every process, so
+    the learner's schedules agree) goes to ``on_total``. A process whose ``next_batch()`` raised
+    stops all, where the others would wait in the update's collective: its error there, a
+    ``failure`` naming it on the others."""
+    error = None
+    try:
+        got = next_batch()
+    except Exception as err:  # a runner failure, a stalled queue: reported to all first
+        got, error = None, err
+    status = np.array([error is not None, local_env_steps()], np.int64)
+    status = allgather(status, "every process's next train batch")
+    on_total(int(status[:, 1].sum()))
+    failed = [int(i) for i in np.flatnonzero(status[:, 0])]
+    if failed:
+        report = f"{type(error).__name__}: {error}" if error is not None else None
+        reports = allgather_json(report, "the failure report")
+        if error is not None:
+            raise error
+        raise failure(
+            f"process {failed[0]} of {len(status)} could not produce its train batch, so "
+            f"every process stops: {reports[failed[0]]}"
+        )
+    return got
 
 
 def _client():
@@ -394,7 +445,7 @@ def allgather(values, what: str, extra_s: float = 0.0) -> np.ndarray:
     values = np.asarray(values)
     if process_count() == 1:
         return values[None]
-    from jax.experimental import multihost_utils  # 0.05-0.1 s to import: only with others
+    from jax.experimental import multihost_utils  # slow to import: only with others
 
     wide = values.dtype in (np.int64, np.uint64)
     sent = to_int32_words(values) if wide else values

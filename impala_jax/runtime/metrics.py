@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from impala_jax.runtime.metrics_logger import deep_merge
+
 
 class Timers:
     """Accumulated seconds and counts per stage; one per thread that owns stages."""
@@ -124,6 +126,87 @@ def flatten(result: dict, prefix: str = "") -> dict:
         else:
             out[key] = v
     return out
+
+
+def train_result(
+    *,
+    env_runners: dict,
+    episode_metrics: dict,
+    learner: dict,
+    timers: dict[str, tuple[float, int]],
+    lag: np.ndarray,
+    sampled: int,
+    trained: int,
+    elapsed: float,
+    num_env_steps_sampled_lifetime: int,
+    num_env_steps_trained_lifetime: int,
+    num_updates_lifetime: int,
+    num_episodes_lifetime: int,
+    num_trainable_parameters: int,
+    num_training_step_calls: int,
+    training_iteration: int,
+    time_total_s: float,
+    batch_size_per_learner: int,
+    total_batch_size: int,
+    learner_queue_size: int,
+    sys_usage: dict,
+    fault_tolerance: dict,
+    trainable: dict,
+) -> dict:
+    """RLlib's nested result dict of one ``train()`` iteration, plus impala_jax's perf/ and
+    fault_tolerance/.
+
+    ``env_runners``: `EpisodeStats.result` of the iteration, to which ``episode_metrics`` (what
+    on_episode_* callbacks logged) are merged; ``learner``: the learner's metrics as floats
+    (updated in place with the step counts); ``timers``: merged `Timers.drain` results; ``lag``:
+    the policy lag of every row trained on; ``sampled`` / ``trained``: the iteration's env
+    steps; ``batch_size_per_learner``: train_batch_size_per_learner rounded up to whole
+    fragments, ``total_batch_size`` over every learner; ``trainable``: `trainable_info`.
+    """
+    env_runners["num_env_steps_sampled_lifetime"] = num_env_steps_sampled_lifetime
+    deep_merge(env_runners, episode_metrics)
+    module_steps = {
+        "num_module_steps_trained": trained,
+        "num_module_steps_trained_lifetime": num_env_steps_trained_lifetime,
+    }
+    learner.update(
+        module_steps,
+        num_env_steps_trained=trained,
+        num_updates_lifetime=num_updates_lifetime,
+        default_optimizer_learning_rate=learner.get("curr_lr", float("nan")),
+        effective_train_batch_size_per_learner=batch_size_per_learner,
+        effective_total_train_batch_size=total_batch_size,
+    )
+    return {
+        "env_runners": env_runners,
+        "learners": {
+            "default_policy": learner,
+            "__all_modules__": dict(
+                module_steps,
+                num_env_steps_trained=trained,
+                num_env_steps_trained_lifetime=num_env_steps_trained_lifetime,
+                num_trainable_parameters=num_trainable_parameters,
+            ),
+        },
+        "num_env_steps_sampled_lifetime": num_env_steps_sampled_lifetime,
+        "num_env_steps_trained_lifetime": num_env_steps_trained_lifetime,
+        "num_episodes_lifetime": num_episodes_lifetime,
+        "num_training_step_calls_per_iteration": num_training_step_calls,
+        "training_iteration": training_iteration,
+        "time_this_iter_s": elapsed,
+        "time_total_s": time_total_s,
+        "timers": {f"{k}_s": v for k, (v, _) in sorted(timers.items())},
+        "perf": {
+            "env_steps_sampled_per_s": sampled / elapsed,
+            "env_steps_trained_per_s": trained / elapsed,
+            "policy_lag_mean": float(lag.mean()),
+            "policy_lag_max": int(lag.max()),
+            "learner_queue_size": learner_queue_size,
+            **sys_usage,
+        },
+        "fault_tolerance": fault_tolerance,
+        **trainable,
+    }
 
 
 def trainable_info(iterations_since_restore: int, time_since_restore: float, config: dict) -> dict:

@@ -1,0 +1,149 @@
+"""What ``train()`` says about the learner's updates: non-finite gradients, stalled steps,
+RMSProp's warm-up and a blind encoder. Each check reads the iteration's learner metrics (host
+floats) and returns its message, or None; `TrainingChecks` runs them as ``train()`` does."""
+
+from __future__ import annotations
+
+import math
+
+# Learner updates in a row with non-finite gradients (each skipped) before train() gives up.
+MAX_CONSECUTIVE_NON_FINITE = 10
+# After this many updates, one look at the optimizer's step size (stalled_step_message).
+STEP_SIZE_CHECK_UPDATES = 10
+# An update whose root mean square is below this fraction of lr is "orders of magnitude" small.
+STALLED_STEP_RATIO = 1e-2
+# RMSProp's mean square decaying from rmsprop_initial_scale for longer than this many updates is
+# reported (the paper's epsilon 0.01 and 0.1 bound it at 458 and 229 updates at decay 0.99).
+RMSPROP_WARM_UP_UPDATES = 1000
+# A blind-encoder warning when at least this share of the encoder's units is dead (see below).
+BLIND_DEAD_FRACTION = 0.9
+
+
+def non_finite_message(learner: dict) -> str | None:
+    """The error that ends training after MAX_CONSECUTIVE_NON_FINITE skipped updates in a row."""
+    bad = learner.get("num_consecutive_non_finite_updates", 0)
+    if bad < MAX_CONSECUTIVE_NON_FINITE:
+        return None
+    return (
+        f"the last {int(bad)} learner updates all had non-finite gradients and were "
+        "skipped; training stopped. The params are those of the last finite update and "
+        "checkpoints already written are intact. Check the env's rewards and "
+        "observations, or lower training(lr=...) / set training(grad_clip=...)."
+    )
+
+
+def blind_encoder_message(learner: dict) -> str | None:
+    """A warning when the policy's encoder gives (nearly) every observation the same features.
+
+    ``encoder_dead_unit_fraction`` (the learner step's feature metrics) is the share of its
+    output units that are <= 0 for every observation of the batch. A dead ReLU passes no
+    gradient to its own weights (only the layers below can revive it), and with most of them
+    dead the value and the policy cannot tell frames apart (issue 17: too large an Adam step on
+    Pong's Nature CNN).
+    """
+    dead = learner.get("encoder_dead_unit_fraction")
+    if dead is None or not dead >= BLIND_DEAD_FRACTION:
+        return None
+    spread = learner.get("encoder_feature_std", float("nan"))
+    return (
+        f"encoder_dead_unit_fraction={dead:.2f}: {dead:.0%} of the policy encoder's output units "
+        f"are <= 0 for every observation of the last batch (dead ReLUs; the features' std across "
+        f"observations is {spread:.2g}). The network barely tells observations apart any more, "
+        "and dead units rarely recover: the value and the policy stop learning from what they "
+        "see. The updates were too large for this network: restart with a smaller "
+        "training(lr=...) (or a gradient clip that binds). See docs/config.md, 'Loss reduction'."
+    )
+
+
+def stalled_step_message(learner: dict, config, num_parameters: int) -> str | None:
+    """A warning when the latest update moved the params orders of magnitude less than lr.
+
+    Adam and RMSProp move each parameter by about lr per step once the gradient dominates
+    their denominator. With a mean loss (RLlib's, the default here) the gradient is T x B
+    times smaller than the IMPALA paper's summed loss, so the paper's RMSProp epsilon (inside
+    the square root, and the mean square starting at 1 as in TF1) can swamp it: the policy
+    then never moves (issue 17).
+    """
+    ratio = learner.get("update_rms_to_lr_ratio")
+    lr = learner.get("curr_lr", 0.0)
+    if ratio is None or not lr > 0 or learner.get("num_consecutive_non_finite_updates", 0):
+        return None  # no lr to compare with, or the last update was skipped (zero)
+    if not ratio < STALLED_STEP_RATIO:
+        return None
+    grad_norm = learner.get("gradients_default_optimizer_global_norm", float("nan"))
+    if config.grad_clip is not None and config.grad_clip_by == "global_norm":
+        grad_norm = min(grad_norm, config.grad_clip)  # what reaches the optimizer
+    grad_rms = grad_norm / max(num_parameters, 1) ** 0.5
+    if config.opt_type == "rmsprop" and grad_rms / (grad_rms**2 + config.epsilon) ** 0.5 >= (
+        STALLED_STEP_RATIO
+    ):
+        # The mean square starts at 1 (TF1) and decays as decay^k: the first updates are small
+        # by design. Once it has decayed the step is about lr * g / sqrt(g^2 + epsilon) per
+        # parameter, which is not orders of magnitude below lr here, so nothing is stalled; a
+        # warm-up that lasts thousands of updates is still reported.
+        return rmsprop_warm_up_message(grad_rms, ratio, config)
+    fixes = []
+    if config.opt_type == "rmsprop":
+        fixes.append(
+            f"RMSProp adds epsilon={config.epsilon!r} to the mean square inside the square root "
+            f"(and the mean square starts at 1, as in TF1): the gradient's root mean square per "
+            f"parameter, {grad_rms:.2g}, is far below both"
+        )
+    if config.loss_reduction == "mean":
+        fixes.append(
+            "the loss is a mean over the batch's rows (RLlib's); constants tuned for a summed "
+            "loss (the IMPALA paper's RMSProp lr, epsilon, grad_clip) need "
+            "training(loss_reduction='sum')"
+        )
+    fixes.append("or use training(opt_type='adam') or a larger lr")
+    return (
+        f"The optimizer's updates are {ratio:.2g} x lr in root mean square after "
+        f"{STEP_SIZE_CHECK_UPDATES}+ updates (lr={lr:.3g}, opt_type={config.opt_type!r}): the "
+        "policy will barely move. " + "; ".join(fixes) + ". See docs/config.md, 'Loss reduction'."
+    )
+
+
+def rmsprop_warm_up_message(grad_rms: float, ratio: float, config) -> str | None:
+    """A warning when RMSProp's mean square needs over RMSPROP_WARM_UP_UPDATES updates to decay
+    from ``rmsprop_initial_scale`` to the gradient's scale (``g^2 + epsilon``, g the gradient's
+    root mean square per parameter); until then every update is a fraction of its steady size."""
+    steady = grad_rms**2 + config.epsilon
+    initial = config.rmsprop_initial_scale
+    if not initial > steady or config.decay == 0:
+        return None
+    updates = math.log(steady / initial) / math.log(config.decay)
+    if updates <= RMSPROP_WARM_UP_UPDATES:
+        return None
+    whose = " (TF1's)" if initial == 1.0 else ""
+    return (
+        f"RMSProp's mean square starts at rmsprop_initial_scale={initial!r}{whose} and the "
+        f"gradient's root mean square per parameter is {grad_rms:.2g}: at decay={config.decay!r} "
+        f"it takes about {updates:,.0f} updates to decay to the gradient's scale, and until then "
+        f"each update is a fraction of its steady size (now {ratio:.2g} x lr). "
+        "training(rmsprop_initial_scale=0.0) starts at the gradient's scale (torch's and optax's "
+        "RMSProp). See docs/config.md, 'Loss reduction'."
+    )
+
+
+class TrainingChecks:
+    """The warnings of one built algorithm: the step size is looked at once, after
+    STEP_SIZE_CHECK_UPDATES updates, and a blind encoder is reported at most once."""
+
+    def __init__(self):
+        self.step_size_checked = False
+        self.blind_warned = False
+
+    def warnings(self, learner: dict, config, num_updates: int, num_parameters: int) -> list:
+        """The messages to warn with after an iteration that ended at ``num_updates``."""
+        messages = []
+        if not self.step_size_checked and num_updates >= STEP_SIZE_CHECK_UPDATES:
+            self.step_size_checked = True
+            message = stalled_step_message(learner, config, num_parameters)
+            if message:
+                messages.append(message)
+        if not self.blind_warned and num_updates >= STEP_SIZE_CHECK_UPDATES:
+            message = blind_encoder_message(learner)
+            if message:
+                self.blind_warned = True
+                messages.append(message)
+        return messages
