@@ -89,7 +89,7 @@ def make_learner(kind: str, model_config: dict, b: int, num_devices: int):
     from impala_jax.core.optim import OptimizerSpec
     from impala_jax.core.recurrent import make_recurrent_networks
     from impala_jax.core.update import StepSpec
-    from impala_jax.rllib.config_checks import merge_model_config
+    from impala_jax.rllib.model_config_checks import merge_model_config
     from impala_jax.runtime.learner import Learner
 
     if kind.startswith("cartpole"):

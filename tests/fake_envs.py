@@ -74,7 +74,7 @@ class FlakyCartPole(gym.Wrapper):
     """CartPole whose ``step`` raises with probability ``p`` (RLlib's fault-injection env).
 
     The first step of each instance never fails: that is the build-time probe of a fresh env
-    (envs._probe), which checks the env's output; the faults are for sampling to survive.
+    (vec_env._probe), which checks the env's output; the faults are for sampling to survive.
     """
 
     def __init__(self, config=None):

@@ -17,7 +17,7 @@ import pytest
 from gymnasium.envs.registration import load_env_creator
 
 from impala_jax import IMPALA, IMPALAConfig
-from impala_jax.runtime import envs
+from impala_jax.runtime import env_registry, vec_env
 from tests.fake_envs import ContextEnv
 from tests.test_algorithm import small_config
 
@@ -99,9 +99,9 @@ def _check_same_transitions(env_id, steps=300, **options):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("env_id", sorted(envs.ENVPOOL_SAME_AS_GYMNASIUM))
+@pytest.mark.parametrize("env_id", sorted(env_registry.ENVPOOL_SAME_AS_GYMNASIUM))
 def test_allow_listed_envpool_env_is_gymnasiums(env_id):
-    assert envs.choose_env(env_id).backend == "envpool"
+    assert env_registry.choose_env(env_id).backend == "envpool"
     penv, genv = _envpool(env_id), _gym(env_id)
     # Spaces and time limits.
     assert penv.single_observation_space == genv.observation_space
@@ -109,7 +109,7 @@ def test_allow_listed_envpool_env_is_gymnasiums(env_id):
     limit = envpool.make_spec(env_id).config.max_episode_steps
     assert (None if limit == INT_MAX else limit) == gym.spec(env_id).max_episode_steps
     # Every option both accept is one whose meaning is checked here.
-    shared = (envs.envpool_options(env_id) & _gymnasium_kwargs(env_id)) - SAME_MEANING
+    shared = (env_registry.envpool_options(env_id) & _gymnasium_kwargs(env_id)) - SAME_MEANING
     assert not shared, f"{env_id}: {shared} mean something in both; check them"
     if env_id in STOCHASTIC:
         assert _check_same_transitions(env_id) > 1
@@ -143,8 +143,8 @@ def test_allow_listed_envpool_env_is_gymnasiums(env_id):
 @pytest.mark.timeout(60)
 def test_shared_options_mean_the_same():
     # max_episode_steps: both truncate after that many steps.
-    vec = envs.make_vec_env("CartPole-v1", 1, 0, {"max_episode_steps": 3})
-    assert isinstance(vec, envs.EnvpoolVecEnv)
+    vec = vec_env.make_vec_env("CartPole-v1", 1, 0, {"max_episode_steps": 3})
+    assert isinstance(vec, vec_env.EnvpoolVecEnv)
     vec.async_reset()
     truncated = []
     for _ in range(3):
@@ -156,47 +156,49 @@ def test_shared_options_mean_the_same():
     genv.reset(seed=0)
     assert truncated == [genv.step(0)[3] for _ in range(3)] == [False, False, True]
     # is_slippery: CliffWalking-v1 slips the same way in both.
-    assert envs.choose_env("CliffWalking-v1", {"is_slippery": True}).backend == "envpool"
+    assert env_registry.choose_env("CliffWalking-v1", {"is_slippery": True}).backend == "envpool"
     assert _check_same_transitions("CliffWalking-v1", is_slippery=True) > 1
 
 
 def test_ids_both_have_but_differ_run_under_gymnasium():
-    both = envs._envpool_ids() & set(gym.registry)
-    for env_id in sorted(both - envs.ENVPOOL_SAME_AS_GYMNASIUM):
-        assert envs.choose_env(env_id).backend == "gymnasium", env_id
+    both = env_registry.envpool_ids() & set(gym.registry)
+    for env_id in sorted(both - env_registry.ENVPOOL_SAME_AS_GYMNASIUM):
+        assert env_registry.choose_env(env_id).backend == "gymnasium", env_id
     # Blackjack: gymnasium's Tuple observations, not envpool's Box; each is an explicit choice.
     with pytest.raises(ValueError, match=r"Tuple.*'envpool:Blackjack-v1'"):
-        envs.make_vec_env("Blackjack-v1", 1, 0)
-    vec = envs.make_vec_env("envpool:Blackjack-v1", 2, 0)
-    assert isinstance(vec, envs.EnvpoolVecEnv) and vec.observation_space.shape == (3,)
+        vec_env.make_vec_env("Blackjack-v1", 1, 0)
+    vec = vec_env.make_vec_env("envpool:Blackjack-v1", 2, 0)
+    assert isinstance(vec, vec_env.EnvpoolVecEnv) and vec.observation_space.shape == (3,)
     vec.close()
 
 
 def test_gymnasium_only_options_pick_gymnasium():
     # envpool's FrozenLake is always slippery: is_slippery=False is gymnasium's env.
-    choice = envs.choose_env("FrozenLake-v1", {"is_slippery": False})
-    assert choice == envs.EnvChoice("gymnasium", "FrozenLake-v1", "FrozenLake-v1")
-    vec = envs.make_vec_env("FrozenLake-v1", 1, 0, {"is_slippery": False})
+    choice = env_registry.choose_env("FrozenLake-v1", {"is_slippery": False})
+    assert choice == env_registry.EnvChoice("gymnasium", "FrozenLake-v1", "FrozenLake-v1")
+    vec = vec_env.make_vec_env("FrozenLake-v1", 1, 0, {"is_slippery": False})
     vec.async_reset()
     vec.recv()
     vec.send(np.array([2]))  # right, and not slipping: state 1
-    assert isinstance(vec, envs.GymnasiumVecEnv) and int(vec.recv()[0][0]) == 1
+    assert isinstance(vec, vec_env.GymnasiumVecEnv) and int(vec.recv()[0][0]) == 1
     vec.close()
-    assert envs.choose_env("CartPole-v1", {"sutton_barto_reward": True}).backend == "gymnasium"
+    assert (
+        env_registry.choose_env("CartPole-v1", {"sutton_barto_reward": True}).backend == "gymnasium"
+    )
     # An option only envpool has keeps envpool.
-    assert envs.choose_env("FrozenLake-v1", {"size": 8}).backend == "envpool"
+    assert env_registry.choose_env("FrozenLake-v1", {"size": 8}).backend == "envpool"
     # Ids only envpool has are envpool's; "gymnasium:<id>" forces gymnasium's.
-    assert envs.choose_env("Pong-v5").backend == "envpool"
-    assert envs.choose_env("gymnasium:CartPole-v1").backend == "gymnasium"
+    assert env_registry.choose_env("Pong-v5").backend == "envpool"
+    assert env_registry.choose_env("gymnasium:CartPole-v1").backend == "gymnasium"
     with pytest.raises(ValueError, match="envpool has no env"):
-        envs.choose_env("envpool:NoSuchEnv-v0")
+        env_registry.choose_env("envpool:NoSuchEnv-v0")
 
 
 @pytest.mark.timeout(60)
 def test_ale_ids_have_ales_semantics():
     pytest.importorskip("ale_py")
-    vec = envs.make_vec_env("ALE/Pong-v5", 2, 0)
-    assert isinstance(vec, envs.GymnasiumVecEnv)
+    vec = vec_env.make_vec_env("ALE/Pong-v5", 2, 0)
+    assert isinstance(vec, vec_env.GymnasiumVecEnv)
     assert vec.observation_space == gym.spaces.Box(0, 255, (210, 160, 3), np.uint8)
     assert vec.action_space == gym.spaces.Discrete(6)
     vec.async_reset()
@@ -206,7 +208,7 @@ def test_ale_ids_have_ales_semantics():
     kwargs = gym.spec("ALE/Pong-v5").kwargs
     assert kwargs["repeat_action_probability"] == 0.25 and kwargs["frameskip"] == 4
     assert kwargs["full_action_space"] is False
-    assert envs.choose_env("ale_py:ALE/Breakout-v5").target == "ALE/Breakout-v5"
+    assert env_registry.choose_env("ale_py:ALE/Breakout-v5").target == "ALE/Breakout-v5"
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
@@ -219,7 +221,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_resolution_imports_ray_never_and_ale_py_on_demand():
     code = """
 import sys
-from impala_jax.runtime.envs import choose_env
+from impala_jax.runtime.env_registry import choose_env
 assert choose_env("CartPole-v1").backend == "envpool"
 assert choose_env("tests.fake_envs:ContextEnv").backend == "gymnasium"
 try:
@@ -252,8 +254,8 @@ else:
 @pytest.fixture
 def registry(monkeypatch):
     """impala_jax's registry, emptied after the test."""
-    monkeypatch.setattr(envs, "REGISTERED", {})
-    return envs.REGISTERED
+    monkeypatch.setattr(env_registry, "REGISTERED", {})
+    return env_registry.REGISTERED
 
 
 def test_register_env_names_resolve_and_win(registry):
@@ -266,10 +268,12 @@ def test_register_env_names_resolve_and_win(registry):
         return ContextEnv(ctx)
 
     impala_jax.register_env("my_env", creator)
-    assert envs.choose_env("my_env") == envs.EnvChoice("gymnasium", creator, "my_env")
+    assert env_registry.choose_env("my_env") == env_registry.EnvChoice(
+        "gymnasium", creator, "my_env"
+    )
     impala_jax.register_env("CartPole-v1", creator)  # a registered name wins, as in RLlib
-    assert envs.choose_env("CartPole-v1").target is creator
-    vec = envs.make_vec_env(
+    assert env_registry.choose_env("CartPole-v1").target is creator
+    vec = vec_env.make_vec_env(
         "my_env", 3, 0, {"a": 1}, worker_index=2, num_workers=4, first_vector_index=3
     )
     assert vec.name == "my_env"
@@ -284,8 +288,8 @@ def test_register_env_names_resolve_and_win(registry):
 
 @pytest.mark.timeout(60)
 def test_async_vectorize_mode_pickles_the_context(registry):
-    envs.register_env("ctx_env", ContextEnv)
-    vec = envs.make_vec_env("ctx_env", 2, 0, {"a": 1}, "async", worker_index=1, num_workers=1)
+    env_registry.register_env("ctx_env", ContextEnv)
+    vec = vec_env.make_vec_env("ctx_env", 2, 0, {"a": 1}, "async", worker_index=1, num_workers=1)
     vec.async_reset()
     np.testing.assert_array_equal(vec.recv()[0], [[1, 0, 1], [1, 1, 1]])
     vec.close()
@@ -299,7 +303,7 @@ def test_creators_get_rllibs_env_context_in_runner_threads(registry):
         seen.append((ctx.worker_index, ctx.vector_index, ctx.num_workers, dict(ctx)))
         return ContextEnv(ctx)
 
-    envs.register_env("where_env", creator)
+    env_registry.register_env("where_env", creator)
     config = small_config("where_env", num_env_runners=2, num_envs_per_env_runner=2)
     config.environment(env_config={"k": 7})
     with config.build() as algo:
@@ -316,9 +320,9 @@ def test_tune_registered_names_resolve():
     from ray.tune import register_env
 
     register_env("impala_jax_test_tune_env", lambda ctx: ContextEnv(ctx))
-    choice = envs.choose_env("impala_jax_test_tune_env")
+    choice = env_registry.choose_env("impala_jax_test_tune_env")
     assert choice.backend == "gymnasium" and callable(choice.target)
-    vec = envs.make_vec_env("impala_jax_test_tune_env", 1, 0)
+    vec = vec_env.make_vec_env("impala_jax_test_tune_env", 1, 0)
     vec.async_reset()
     assert vec.recv()[0].shape == (1, 3)
     vec.close()
@@ -406,7 +410,7 @@ def test_checkpoints_of_lambda_and_registered_creators(tmp_path, registry):
     with pytest.raises(ValueError, match=r"lambda.*from_checkpoint\(path, env=creator\)"):
         IMPALA.from_checkpoint(lambda_path)
     # The creator passed back, here under a registered name; that name is what it saves.
-    envs.register_env("ckpt_env", creator)
+    env_registry.register_env("ckpt_env", creator)
     with IMPALA.from_checkpoint(lambda_path, env="ckpt_env") as restored:
         assert restored.iteration == 1
         for a, b in zip(weights, jax.tree.leaves(restored.get_weights()), strict=True):
@@ -436,7 +440,7 @@ def test_checkpoints_of_lambda_and_registered_creators(tmp_path, registry):
 def test_is_atari_is_detected_from_the_id_and_clips_rewards(env, atari):
     from impala_jax import IMPALAConfig
     from impala_jax.rllib import specs
-    from impala_jax.runtime.envs import is_atari_id
+    from impala_jax.runtime.env_registry import is_atari_id
 
     assert is_atari_id(env) is atari
     config = IMPALAConfig().environment(env)
@@ -452,7 +456,8 @@ def test_envpool_imports_without_its_families_inits_and_still_makes_every_family
     # registered, and making an env imports its real family package.
     code = """
 import sys
-from impala_jax.runtime.envs import EnvpoolVecEnv, choose_env, import_envpool
+from impala_jax.runtime.env_registry import choose_env, import_envpool
+from impala_jax.runtime.vec_env import EnvpoolVecEnv
 envpool = import_envpool()
 assert "matplotlib" not in sys.modules
 families = ("envpool.atari", "envpool.classic_control", "envpool.jumanji", "envpool.mujoco.gym")
@@ -488,7 +493,7 @@ assert import_envpool() is envpool
 def test_envpool_binding_gives_what_envpools_python_api_gives(env_id):
     # EnvpoolVecEnv steps envpool through its C++ binding (_send/_recv) rather than its Python
     # send/recv: the same observations, rewards and flags, with the same dtypes, step by step.
-    fast, public = envs.EnvpoolVecEnv(env_id, 8, 3, {}), envs.EnvpoolVecEnv(env_id, 8, 3, {})
+    fast, public = vec_env.EnvpoolVecEnv(env_id, 8, 3, {}), vec_env.EnvpoolVecEnv(env_id, 8, 3, {})
     public._binding = None
     assert fast._binding is not None
     space = fast.action_space
@@ -534,9 +539,9 @@ class _FakeBindingPool:
 
 
 def test_envpool_binding_reorders_by_env_id_and_sends_envpools_layout():
-    vec = object.__new__(envs.EnvpoolVecEnv)
+    vec = object.__new__(vec_env.EnvpoolVecEnv)
     vec._env, vec._env_ids, vec._sent = _FakeBindingPool(), np.arange(3, dtype=np.int32), False
-    vec._binding = envs._binding_layout(vec._env)
+    vec._binding = vec_env._binding_layout(vec._env)
     obs, reward, terminated, truncated = vec.recv()
     np.testing.assert_array_equal(obs[:, 0], [0, 1, 2])
     np.testing.assert_array_equal(reward, [0, 1, 2])
@@ -579,4 +584,4 @@ def test_envpool_layouts_the_binding_path_does_not_know_use_envpools_python_api(
     for name, value in change.items():
         setattr(pool, name, value)
     known = isinstance(pool, _FakeBindingPool) and not change
-    assert (envs._binding_layout(pool) is not None) == known
+    assert (vec_env._binding_layout(pool) is not None) == known

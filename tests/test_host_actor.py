@@ -13,7 +13,7 @@ import pytest
 from impala_jax.core.distributions import Categorical, make_distribution
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
 from impala_jax.core.networks import make_networks
-from impala_jax.runtime.env_runner import make_act_fns
+from impala_jax.core.policy import make_act_fns
 from impala_jax.runtime.host_actor import AUTO_MAX_MACS, HostActor, act_macs, host_actor_unsupported
 from tests.fake_envs import ImageCueEnv
 from tests.test_algorithm import small_config

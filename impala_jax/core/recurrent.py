@@ -35,7 +35,6 @@ import flax.linen as nn
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from impala_jax.core import networks
 from impala_jax.core.initializers import make_initializer
@@ -84,24 +83,13 @@ def _cell(config: Mapping[str, Any]) -> nn.OptimizedLSTMCell:
     return nn.OptimizedLSTMCell(int(config["lstm_cell_size"]), **inits)
 
 
-def make_recurrent_networks(
-    model_config: Mapping[str, Any] | None, observation_space: gym.Space, action_space: gym.Space
-) -> RecurrentNetworks:
-    """The encoder(s), LSTM core(s) and heads of `model_config` for the given spaces."""
-    config = {**DEFAULT_MODEL_CONFIG, **dict(model_config or {})}
-    base = networks.parts(config, observation_space, action_space)
-    cell_size = int(config["lstm_cell_size"])
+def _make_core_inputs(config: Mapping[str, Any], action_space: gym.Space) -> Callable:
+    """``core_inputs(features, prev_action, prev_reward, reset)``: a core's input rows, the
+    encoder's features, then the previous action and reward where ``model_config`` asks for
+    them, zeroed in rows that start an episode."""
     use_prev_action = bool(config["lstm_use_prev_action"])
     use_prev_reward = bool(config["lstm_use_prev_reward"])
-    shared = base.vf_encoder is None
-    cores = {"lstm": _cell(config)} if shared else {"lstm": _cell(config), "vf_lstm": _cell(config)}
     encode_action = prev_action_features(action_space)
-    action_shape = () if isinstance(action_space, gym.spaces.Discrete) else action_space.shape
-    action_dtype = jnp.int32 if isinstance(action_space, gym.spaces.Discrete) else jnp.float32
-
-    def initial_state(batch: int) -> State:
-        zeros = jnp.zeros((batch, cell_size), jnp.float32)
-        return {name: (zeros, zeros) for name in cores}
 
     def core_inputs(features, prev_action, prev_reward, reset):
         keep = (~reset)[:, None].astype(jnp.float32)
@@ -111,6 +99,31 @@ def make_recurrent_networks(
         if use_prev_reward:
             parts.append(jnp.asarray(prev_reward, jnp.float32)[:, None] * keep)
         return jnp.concatenate(parts, axis=-1)
+
+    return core_inputs
+
+
+def _zero_actions(action_space: gym.Space, batch: int) -> jax.Array:
+    """``batch`` previous actions of zeros, shaped and typed as the actors carry them."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return jnp.zeros((batch,), jnp.int32)
+    return jnp.zeros((batch, *action_space.shape), jnp.float32)
+
+
+def make_recurrent_networks(
+    model_config: Mapping[str, Any] | None, observation_space: gym.Space, action_space: gym.Space
+) -> RecurrentNetworks:
+    """The encoder(s), LSTM core(s) and heads of `model_config` for the given spaces."""
+    config = {**DEFAULT_MODEL_CONFIG, **dict(model_config or {})}
+    base = networks.parts(config, observation_space, action_space)
+    cell_size = int(config["lstm_cell_size"])
+    shared = base.vf_encoder is None
+    cores = {"lstm": _cell(config)} if shared else {"lstm": _cell(config), "vf_lstm": _cell(config)}
+    core_inputs = _make_core_inputs(config, action_space)
+
+    def initial_state(batch: int) -> State:
+        zeros = jnp.zeros((batch, cell_size), jnp.float32)
+        return {name: (zeros, zeros) for name in cores}
 
     def encoders(params, obs):
         """Encoder features per core, for rows of any leading shape flattened to [N]."""
@@ -142,7 +155,7 @@ def make_recurrent_networks(
             params["vf_encoder"] = base.vf_encoder.init(k_vf_enc, x)["params"]
         features = jax.eval_shape(lambda p: encoders(p, base.dummy_obs), params)
         batch = 1
-        prev_action = jnp.zeros((batch, *action_shape), action_dtype)
+        prev_action = _zero_actions(action_space, batch)
         reset = jnp.zeros((batch,), bool)
         state = initial_state(batch)
         for k, (name, cell) in zip(k_cores, cores.items(), strict=True):
@@ -196,37 +209,3 @@ def make_recurrent_networks(
         cell_size=cell_size,
         max_seq_len=int(config["max_seq_len"]),
     )
-
-
-class RecurrentActor:
-    """The actors' compiled recurrent policy, called as ``act(params, obs, key, carry)``.
-
-    ``carry`` is what a runner keeps per env between rows: ``(state, prev_action,
-    prev_reward, reset)``; the call returns ``(action, dist_inputs, key, state)``. ``greedy``
-    is the same without sampling: ``(action, dist_inputs, state)``. `initial_state(n)` and
-    `max_seq_len` are what runners need to start envs and to store states for the learner.
-    """
-
-    def __init__(self, nets: RecurrentNetworks, distribution, max_seq_len: int):
-        def act(params, obs, key, carry):
-            state, prev_action, prev_reward, reset = carry
-            key, sample_key = jax.random.split(key)
-            dist_inputs, _, state = nets.step(params, state, obs, prev_action, prev_reward, reset)
-            return distribution.sample(sample_key, dist_inputs), dist_inputs, key, state
-
-        def greedy(params, obs, carry):
-            state, prev_action, prev_reward, reset = carry
-            dist_inputs, _, state = nets.step(params, state, obs, prev_action, prev_reward, reset)
-            return distribution.mode(dist_inputs), dist_inputs, state
-
-        self._act = jax.jit(act)
-        self.greedy = jax.jit(greedy)
-        self.max_seq_len = max_seq_len
-        self._initial_state = jax.jit(nets.initial_state, static_argnums=0)
-
-    def __call__(self, params, obs, key, carry):
-        return self._act(params, obs, key, carry)
-
-    def initial_state(self, n: int):
-        """Zeros for ``n`` envs, as host arrays."""
-        return jax.tree.map(np.asarray, self._initial_state(n))

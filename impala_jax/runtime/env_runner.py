@@ -1,4 +1,4 @@
-"""The actor side: a jitted policy stepping vectorised envs into Trajectory fragments.
+"""The actor side: a policy stepping vectorised envs into Trajectory fragments.
 
 An EnvRunner owns ``num_envs_per_env_runner`` envs. When that is an even number of at least 8
 and the machine has cores to spare, they are split into two envpool instances that are stepped
@@ -6,11 +6,14 @@ in turn: while one group's envs step in envpool's C++ threads, this thread runs 
 the other (the double-buffering of Sebulba, Hessel et al. 2021). Each group yields its own
 fragment of ``[T+1, B/2]``.
 
-Per env step the Python work is: recv, one ``act`` call, send, and array writes.
+An ``EnvGroup`` is one such VecEnv with its episode bookkeeping; evaluation steps its envs
+through the same class. Per env step the Python work is: recv, one ``act`` call, send, and
+array writes.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -23,34 +26,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from impala_jax.core.policy import initial_carry
 from impala_jax.core.types import Trajectory
 from impala_jax.runtime.callbacks import EpisodeCallbacks, UserCodeError
-from impala_jax.runtime.envs import ActionAdapter, EnvpoolVecEnv, VecEnv, make_vec_env
 from impala_jax.runtime.host_actor import HostActor, no_gil_yield
 from impala_jax.runtime.metrics import Timers
 from impala_jax.runtime.metrics_logger import MetricsLogger
-
-
-def make_act_fns(networks, distribution):
-    """The actor's compile boundary: ``act(params, obs, key) -> (action, dist_inputs, key)``."""
-
-    def act(params, obs, key):
-        key, sample_key = jax.random.split(key)
-        dist_inputs, _ = networks.apply(params, obs)
-        return distribution.sample(sample_key, dist_inputs), dist_inputs, key
-
-    def act_greedy(params, obs):
-        dist_inputs, _ = networks.apply(params, obs)
-        return distribution.mode(dist_inputs), dist_inputs
-
-    return jax.jit(act), jax.jit(act_greedy)
+from impala_jax.runtime.vec_env import ActionAdapter, EnvpoolVecEnv, VecEnv, make_vec_env
 
 
 def actor_key(seed: int, params, act=None):
     """The first key an actor passes to ``act``: for a ``HostActor`` its Generator, else a PRNG
     key placed where ``params`` are. ``act`` returns its next key committed there, so a first
-    key placed anywhere else (a fresh key is uncommitted) compiles ``act`` a second time on the
-    second call: 0.4-0.6 s of a CartPole start on 2 cores."""
+    key placed anywhere else (a fresh key is uncommitted) would compile ``act`` a second time
+    on the second call."""
     if isinstance(act, HostActor):
         return act.key(seed)
     return jax.device_put(jax.random.key(seed), jax.tree.leaves(params)[0].sharding)
@@ -80,8 +69,8 @@ class ParamStore:
 
     def _to_actor(self, params):
         # A copy, never an alias: the learner donates its buffers on the next step. One
-        # compiled copy of every leaf: a jnp.copy per leaf cost ~0.5 ms of the main thread's
-        # (GIL-holding) time per publication for CartPole's 6 leaves, against ~0.03 ms.
+        # compiled copy of every leaf, since a jnp.copy per leaf holds the main thread (and
+        # the GIL) for a dispatch per leaf.
         leaves, treedef = jax.tree.flatten(params)
         return jax.tree.unflatten(treedef, _copy_leaves([self._on_device(x) for x in leaves]))
 
@@ -123,12 +112,55 @@ class EnvOutputError(ValueError):
     """An env returned something impala_jax cannot train on; restarting will not help."""
 
 
-class _Group:
-    """One VecEnv and the state carried between its fragments."""
+def check_env_output(env: VecEnv, obs: np.ndarray, reward, runner: int, finite: bool) -> None:
+    """Raises EnvOutputError unless the observations have the space's shape and, when
+    ``finite`` (not ``disable_env_checking``), observations and rewards are finite.
+    ``reward`` is None for the reset observations."""
+    space = env.observation_space
+    if obs.shape[1:] != space.shape:
+        raise EnvOutputError(
+            f"env {env.name!r} (EnvRunner {runner}) returned observations of shape "
+            f"{obs.shape[1:]}, but its observation space {space} says {space.shape}; fix "
+            "the env or its observation_space."
+        )
+    if not finite:
+        return
+    if obs.dtype.kind == "f" and not np.isfinite(obs).all():
+        raise EnvOutputError(
+            f"env {env.name!r} (EnvRunner {runner}) returned a non-finite observation; "
+            "fix the env, or allow it with environment(disable_env_checking=True)."
+        )
+    if reward is not None and not np.isfinite(reward).all():
+        raise EnvOutputError(
+            f"env {env.name!r} (EnvRunner {runner}) returned a non-finite reward "
+            f"{reward[~np.isfinite(reward)][0]}; fix the env, or allow it with "
+            "environment(disable_env_checking=True)."
+        )
 
-    def __init__(self, env: VecEnv, adapter: ActionAdapter):
+
+class EnvGroup:
+    """One VecEnv stepped as a unit, and what is carried between its steps: the last
+    observations, the episodes running in its envs and, for a recurrent policy, its carry.
+
+    Training's EnvRunner and evaluation's Evaluator both step their envs through it: ``act``,
+    ``send``, then ``receive`` what ``env.recv()`` returned (``step`` does the last two).
+    ``act`` / ``act_greedy`` are the policy (a ``RecurrentActor`` carries a state per env);
+    ``check(env, obs, reward)`` raises on env output that cannot be trained on (None: none).
+    """
+
+    def __init__(
+        self,
+        env: VecEnv,
+        adapter: ActionAdapter,
+        act: Callable,
+        act_greedy: Callable,
+        check: Callable | None = None,
+    ):
         self.env = env
         self.adapter = adapter
+        self._act, self._act_greedy = act, act_greedy
+        self._recurrent = act if hasattr(act, "initial_state") else None
+        self._check = check
         n = env.num_envs
         self.obs = None
         self.prev_done = np.zeros(n, bool)  # obs is a final observation: next row is a reset row
@@ -137,14 +169,81 @@ class _Group:
         # A recurrent policy's (core state, prev action, prev reward, reset) per env.
         self.carry = None
 
+    def reset(self) -> None:
+        """Resets every env (once, before the first step); a recurrent policy's carry starts."""
+        self.env.async_reset()
+        self.obs = self.env.recv()[0]
+        if self._check is not None:
+            self._check(self.env, self.obs, None)
+        if self._recurrent is not None:
+            self.carry = initial_carry(self._recurrent, self.env.num_envs, self.env.action_space)
 
-def initial_carry(actor, n: int, action_space):
-    """A recurrent actor's carry for ``n`` fresh envs: zero state, every row a reset row."""
-    discrete = not getattr(action_space, "shape", ())
-    prev_action = (
-        np.zeros(n, np.int32) if discrete else np.zeros((n, *action_space.shape), np.float32)
-    )
-    return actor.initial_state(n), prev_action, np.zeros(n, np.float32), np.ones(n, bool)
+    def act(self, params, key, explore: bool):
+        """(action as a NumPy array, dist_inputs, next key) for the current observations."""
+        rec = self._recurrent
+        if rec is not None:
+            if explore:
+                action, dist_inputs, key, state = rec(params, self.obs, key, self.carry)
+            else:
+                action, dist_inputs, state = rec.greedy(params, self.obs, self.carry)
+            action = np.asarray(action)
+            # The reward comes after the step; obs being a final observation (prev_done) makes
+            # the next row a reset row (next-step autoreset).
+            self.carry = (state, action, None, self.prev_done.copy())
+            return action, dist_inputs, key
+        if explore:
+            action, dist_inputs, key = self._act(params, self.obs, key)
+        else:
+            action, dist_inputs = self._act_greedy(params, self.obs)
+        return np.asarray(action), dist_inputs, key
+
+    def send(self, action: np.ndarray) -> None:
+        """Steps every env with ``action``, adapted to the env's action space and checked."""
+        self.env.send(self.adapter(action, self.env.num_envs))
+
+    def receive(
+        self,
+        obs,
+        reward,
+        terminated,
+        truncated,
+        callbacks: EpisodeCallbacks | None = None,
+        log: EpisodeLog | None = None,
+        limit: int | None = None,
+    ) -> np.ndarray:
+        """Books what ``env.recv()`` returned after a send; returns which envs took a step of
+        an episode (a reset row takes none: next-step autoreset, see types.py).
+
+        The first ``limit`` (None: all) episodes that ended, in env order, go to ``log``, and
+        with ``callbacks`` they end there (on_episode_end); reset rows start episodes.
+        """
+        if self._check is not None:
+            self._check(self.env, obs, reward)
+        # A reset row (prev_done) is not a step of any episode: its reward is 0 by construction;
+        # its observation is the first of a new episode.
+        started = self.prev_done
+        real = ~started
+        self.episode_return += reward * real
+        self.episode_len += real
+        done = terminated | truncated
+        self.prev_done = done
+        if callbacks is not None:  # records the finished episodes together with their metrics
+            callbacks.step(self, started, done, terminated, log, limit)
+        if done.any():
+            if callbacks is None and log is not None:
+                log.add(self.episode_return[done][:limit], self.episode_len[done][:limit])
+            self.episode_return[done] = 0.0
+            self.episode_len[done] = 0
+        self.obs = obs
+        if self.carry is not None:
+            state, action, _, reset = self.carry
+            self.carry = (state, action, np.asarray(reward, np.float32), reset)
+        return real
+
+    def step(self, action: np.ndarray, callbacks=None, log=None, limit=None) -> np.ndarray:
+        """``send`` then ``receive``: one env step of this group alone."""
+        self.send(action)
+        return self.receive(*self.env.recv(), callbacks, log, limit)
 
 
 class EpisodeLog:
@@ -200,22 +299,22 @@ class EnvRunner:
         self.heartbeat = time.monotonic()
         num_envs = num_envs or config.num_envs_per_env_runner
         self._sizes = self.group_sizes(num_envs)
-        self.groups: list[_Group] = []
+        self.groups: list[EnvGroup] = []
         self._key = actor_key(seed, param_store.get()[0], act)
         # A NumPy actor reads the params on the host, so it would wait for the learner step
         # still computing newly published ones; in a runner thread (not lockstep, which must
         # repeat exactly) it acts with computed ones at most MAX_ACTING_LAG behind (_params).
         self._acting: tuple[Any, int] | None = None
         self._waits_for_params = isinstance(act, HostActor) and config.num_env_runners > 0
-        # A RecurrentActor (recurrent.py) when the policy is recurrent: rows carry its state.
+        # A RecurrentActor (core/policy.py) when the policy is recurrent: rows carry its state.
         self._recurrent = act if hasattr(act, "initial_state") else None
         self._make_envs(seed)
         self.observation_space = self.groups[0].env.observation_space
         self.action_space = self.groups[0].env.action_space
 
     # Two alternating groups overlap this thread's inference with envpool's stepping, which
-    # needs a core to spare: on 2 cores one group of 256 CartPole envs ran ~10 % faster than
-    # two of 128 (benchmarks/README.md). Class attribute, so tests can force either layout.
+    # pays only with a core to spare (benchmarks/README.md). Class attribute, so tests can
+    # force either layout.
     split_min_cpus = 4
 
     @classmethod
@@ -244,22 +343,16 @@ class EnvRunner:
                 num_workers=config.num_env_runners,
                 first_vector_index=offset,
             )
-            self.groups.append(
-                _Group(
-                    env,
-                    ActionAdapter(
-                        env.action_space, config.normalize_actions, config.clip_actions, env.name
-                    ),
-                )
+            adapter = ActionAdapter(
+                env.action_space, config.normalize_actions, config.clip_actions, env.name
             )
+            check = functools.partial(check_env_output, runner=self.index, finite=self._check)
+            self.groups.append(EnvGroup(env, adapter, self._act, self._act_greedy, check))
             offset += size
         # envpool releases the GIL while it steps: a NumPy actor need not yield it as well.
         self._envs_release_gil = all(isinstance(g.env, EnvpoolVecEnv) for g in self.groups)
         for g in self.groups:
-            g.env.async_reset()
-            g.obs = self._checked(g, g.env.recv()[0], None)
-            if self._recurrent is not None:
-                g.carry = initial_carry(self._recurrent, g.env.num_envs, g.env.action_space)
+            g.reset()
 
     def restart_envs(self) -> None:
         """Closes and rebuilds every env after a failure; unfinished episodes are dropped."""
@@ -273,30 +366,6 @@ class EnvRunner:
         self.num_env_restarts += 1
         # Fresh seeds, so a restarted env does not replay the episode that broke it.
         self._make_envs(self._seed + 7919 * self.num_env_restarts * sum(self._sizes))
-
-    def _checked(self, g: _Group, obs: np.ndarray, reward) -> np.ndarray:
-        """Shape, dtype and finiteness of what the env returned (``disable_env_checking``)."""
-        space = g.env.observation_space
-        if obs.shape[1:] != space.shape:
-            raise EnvOutputError(
-                f"env {g.env.name!r} (EnvRunner {self.index}) returned observations of shape "
-                f"{obs.shape[1:]}, but its observation space {space} says {space.shape}; fix "
-                "the env or its observation_space."
-            )
-        if not self._check:
-            return obs
-        if obs.dtype.kind == "f" and not np.isfinite(obs).all():
-            raise EnvOutputError(
-                f"env {g.env.name!r} (EnvRunner {self.index}) returned a non-finite observation; "
-                "fix the env, or allow it with environment(disable_env_checking=True)."
-            )
-        if reward is not None and not np.isfinite(reward).all():
-            raise EnvOutputError(
-                f"env {g.env.name!r} (EnvRunner {self.index}) returned a non-finite reward "
-                f"{reward[~np.isfinite(reward)][0]}; fix the env, or allow it with "
-                "environment(disable_env_checking=True)."
-            )
-        return obs
 
     def sample(self) -> list[Trajectory]:
         """One fragment of T steps from every env group."""
@@ -351,42 +420,23 @@ class EnvRunner:
                 with timers.time("inference"):
                     if rec is not None:
                         self._record_carry(g, buf, t)
-                        if self.explore:
-                            action, dist_inputs, self._key, state = rec(
-                                params, g.obs, self._key, g.carry
-                            )
-                        else:
-                            action, dist_inputs, state = rec.greedy(params, g.obs, g.carry)
-                    elif self.explore:
-                        action, dist_inputs, self._key = self._act(params, g.obs, self._key)
-                    else:
-                        action, dist_inputs = self._act_greedy(params, g.obs)
-                    action = np.asarray(action)
+                    action, dist_inputs, self._key = g.act(params, self._key, self.explore)
                     dist_inputs = np.asarray(dist_inputs)
-                if rec is not None:
-                    # The reward comes after the step; obs[t] being a final observation (prev_done)
-                    # makes the next row a reset row (next-step autoreset).
-                    g.carry = (state, action, None, g.prev_done.copy())
                 if buf["action"] is None:
                     buf["action"] = np.empty((T, *action.shape), action.dtype)
                     buf["behaviour_logits"] = np.empty((T, *dist_inputs.shape), np.float32)
                 buf["action"][t] = action
                 buf["behaviour_logits"][t] = dist_inputs
                 with timers.time("env_send"):
-                    g.env.send(g.adapter(action, g.env.num_envs))
+                    g.send(action)
             for g, buf in zip(self.groups, bufs, strict=True):
                 with timers.time("env_recv"):
                     obs, reward, terminated, truncated = g.env.recv()
                 self.steps_since_rebuild += 1
-                obs = self._checked(g, obs, reward)
+                g.receive(obs, reward, terminated, truncated, self.episode_callbacks, self.episodes)
                 buf["reward"][t] = reward
                 buf["terminated"][t] = terminated
                 buf["truncated"][t] = truncated
-                self._track_episodes(g, reward, terminated, truncated)
-                g.obs = obs
-                if rec is not None:
-                    state, action, _, reset = g.carry
-                    g.carry = (state, action, np.asarray(reward, np.float32), reset)
         out = []
         for g, buf in zip(self.groups, bufs, strict=True):
             buf["obs"][T] = g.obs
@@ -399,7 +449,7 @@ class EnvRunner:
         self.heartbeat = time.monotonic()
         return out
 
-    def _recurrent_buffers(self, g: _Group, buf: dict) -> None:
+    def _recurrent_buffers(self, g: EnvGroup, buf: dict) -> None:
         T, n = self.T, g.env.num_envs
         prev_action = g.carry[1]
         buf["core_state"] = []  # the state before rows 0, L, 2L, ...: stacked at the end
@@ -407,7 +457,7 @@ class EnvRunner:
         buf["prev_reward"] = np.empty((T + 1, n), np.float32)
         buf["reset"] = np.empty((T + 1, n), bool)
 
-    def _record_carry(self, g: _Group, buf: dict, t: int) -> None:
+    def _record_carry(self, g: EnvGroup, buf: dict, t: int) -> None:
         """Row t's prev action, prev reward and reset flag; its state when a chunk starts."""
         state, prev_action, prev_reward, reset = g.carry
         if t % self._recurrent.max_seq_len == 0:
@@ -415,24 +465,6 @@ class EnvRunner:
         buf["prev_action"][t] = prev_action
         buf["prev_reward"][t] = prev_reward
         buf["reset"][t] = reset
-
-    def _track_episodes(self, g: _Group, reward, terminated, truncated) -> None:
-        done = terminated | truncated
-        # A reset row (prev_done) is not a step of any episode: its reward is 0 by construction;
-        # its observation is the first of a new episode.
-        started = g.prev_done
-        real = ~started
-        g.episode_return += reward * real
-        g.episode_len += real
-        g.prev_done = done
-        callbacks = self.episode_callbacks
-        if callbacks is not None:  # records the finished episodes together with their metrics
-            callbacks.step(g, started, done, terminated, self.episodes)
-        if done.any():
-            if callbacks is None:
-                self.episodes.add(g.episode_return[done], g.episode_len[done])
-            g.episode_return[done] = 0.0
-            g.episode_len[done] = 0
 
     def close(self) -> None:
         groups, self.groups = self.groups, []

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from impala_jax.core.policy import initial_carry
 from impala_jax.runtime.buffers import Batcher, LearnerQueue, LearnerQueueTimeout, Loader, stack
 from impala_jax.runtime.callbacks import UserCodeError
 from impala_jax.runtime.env_runner import (
@@ -33,7 +34,6 @@ from impala_jax.runtime.env_runner import (
     RunnerThread,
     actor_key,
     failure_signature,
-    initial_carry,
 )
 from impala_jax.runtime.metrics import Timers
 from impala_jax.runtime.metrics_logger import MetricsLogger
@@ -51,10 +51,9 @@ TOLERANCE_KNOBS = (
 def release_free_heap() -> None:
     """Returns the C heap's free pages to the OS (glibc's malloc_trim; elsewhere nothing).
 
-    glibc keeps the freed pages of an exited thread's malloc arena: every runner restart kept
-    1.2-1.3 MiB resident (the soak's RSS slope), and one trim after 30 restarts released 220
-    MiB. Called, after a gc.collect(), once a replaced runner's thread has exited: 25 restarts
-    then moved RSS by 6 MiB in all. The trim takes 5-15 ms, the collection 140-190 ms."""
+    glibc keeps the freed pages of an exited thread's malloc arena, so without a trim every
+    runner restart grows the resident memory (benchmarks/soak.py). Called, after a
+    gc.collect(), once a replaced runner's thread has exited."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

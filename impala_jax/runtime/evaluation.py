@@ -31,13 +31,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from impala_jax.runtime.callbacks import EpisodeCallbacks, UserCodeError, describe
-from impala_jax.runtime.env_runner import ParamStore, actor_key, initial_carry
-from impala_jax.runtime.envs import ActionAdapter, VecEnv, make_vec_env
+from impala_jax.runtime.env_runner import EnvGroup, EpisodeLog, ParamStore, actor_key
 from impala_jax.runtime.metrics import EpisodeStats
 from impala_jax.runtime.metrics_logger import MetricsLogger, deep_merge
+from impala_jax.runtime.vec_env import ActionAdapter, make_vec_env
 
 logger = logging.getLogger(__name__)
 
@@ -51,53 +49,6 @@ def split_duration(duration: int, num_groups: int) -> list[int]:
     """RLlib's split of an evaluation over its runners: ``d // n`` each, plus one for the
     first ``d % n``."""
     return [duration // num_groups + (i < duration % num_groups) for i in range(num_groups)]
-
-
-class _EnvGroup:
-    """One evaluation runner's envs and the episodes running in them."""
-
-    def __init__(self, env: VecEnv, adapter: ActionAdapter):
-        self.env = env
-        self.adapter = adapter
-        n = env.num_envs
-        env.async_reset()
-        self.obs = env.recv()[0]
-        self.prev_done = np.zeros(n, bool)  # obs is a final observation: next row is a reset
-        self.episode_return = np.zeros(n, np.float64)
-        self.episode_len = np.zeros(n, np.int64)
-        self.carry = None  # a recurrent policy's per-env carry (env_runner.initial_carry)
-        self.reward = np.zeros(n, np.float32)  # the last step's rewards
-
-    def step(
-        self,
-        action: np.ndarray,
-        callbacks: EpisodeCallbacks | None = None,
-        limit: int | None = None,
-    ) -> tuple[list[tuple[float, int]], int]:
-        """Steps every env; the episodes that finished (env order) and the env steps taken.
-
-        ``callbacks``: on_episode_start, and on_episode_end for the first ``limit`` (None: all)
-        finished episodes, those the evaluation counts.
-        """
-        env = self.env
-        env.send(self.adapter(action, env.num_envs))
-        obs, reward, terminated, truncated = env.recv()
-        self.reward = np.asarray(reward, np.float32)
-        # A reset row (next-step autoreset, see types.py) is not a step of any episode.
-        real = ~self.prev_done
-        self.episode_return += reward * real
-        self.episode_len += real
-        done = terminated | truncated
-        finished = list(
-            zip(self.episode_return[done].tolist(), self.episode_len[done].tolist(), strict=True)
-        )
-        if callbacks is not None:
-            callbacks.step(self, self.prev_done, done, terminated, limit=limit)
-        self.episode_return[done] = 0.0
-        self.episode_len[done] = 0
-        self.prev_done = done
-        self.obs = obs
-        return finished, int(real.sum())
 
 
 class _Run:
@@ -114,7 +65,7 @@ class _Run:
         self.timed_out = False
         self.started = time.monotonic()
         self.thread: threading.Thread | None = None
-        self.groups: list[_EnvGroup] = []  # the envs this evaluation steps
+        self.groups: list[EnvGroup] = []  # the envs this evaluation steps
         self.finished = False  # the thread has returned
         self.abandoned = False  # the caller gave up waiting: the thread closes its envs
 
@@ -137,7 +88,7 @@ class Evaluator:
         self.eval_config = self._make_eval_config()
         self.num_env_runners = max(1, config.evaluation_num_env_runners)
         self.num_envs = self.eval_config.num_envs_per_env_runner
-        self._groups: list[_EnvGroup] | None = None
+        self._groups: list[EnvGroup] | None = None
         self._num_builds = 0
         self._run: _Run | None = None
         self.num_episodes_lifetime = 0
@@ -156,7 +107,7 @@ class Evaluator:
 
     # -- the envs ----------------------------------------------------------------------------
 
-    def _build_groups(self) -> list[_EnvGroup]:
+    def _build_groups(self) -> list[EnvGroup]:
         """Fresh envs, seeded apart from every earlier evaluation's."""
         self._close_groups()
         cfg, n = self.eval_config, self.num_envs
@@ -178,7 +129,9 @@ class Evaluator:
                 adapter = ActionAdapter(
                     env.action_space, cfg.normalize_actions, cfg.clip_actions, env.name
                 )
-                groups.append(_EnvGroup(env, adapter))
+                group = EnvGroup(env, adapter, self._act, self._act_greedy)
+                groups.append(group)
+                group.reset()
         except BaseException:
             for g in groups:
                 g.env.close()
@@ -192,7 +145,7 @@ class Evaluator:
         for g in groups or ():
             g.env.close()
 
-    def _groups_for(self, unit: str) -> list[_EnvGroup]:
+    def _groups_for(self, unit: str) -> list[EnvGroup]:
         """RLlib resets the envs before every "episodes" evaluation, and before the others
         when ``evaluation_force_reset_envs_before_iteration``."""
         reset = unit == "episodes" or self.config.evaluation_force_reset_envs_before_iteration
@@ -231,7 +184,7 @@ class Evaluator:
         done = [0] * n
         deadline = run.started + cfg.evaluation_sample_timeout_s
         explore = self.eval_config.explore
-        rec = self._act if hasattr(self._act, "initial_state") else None  # a RecurrentActor
+        log = EpisodeLog()  # the episodes a step ended, those the evaluation counts
         while not run.stop.is_set():
             if unit == "auto":
                 if run.env_steps > 0 and (run.training_done is None or run.training_done()):
@@ -244,25 +197,11 @@ class Evaluator:
             for i, g in enumerate(groups):
                 if unit != "auto" and done[i] >= quota[i]:
                     continue
-                if rec is not None:  # a recurrent policy: as a training runner carries it
-                    if g.carry is None:
-                        g.carry = initial_carry(rec, g.env.num_envs, g.env.action_space)
-                    final = g.prev_done.copy()
-                    if explore:
-                        action, _, self._key, state = rec(params, g.obs, self._key, g.carry)
-                    else:
-                        action, _, state = rec.greedy(params, g.obs, g.carry)
-                elif explore:
-                    action, _, self._key = self._act(params, g.obs, self._key)
-                else:
-                    action, _ = self._act_greedy(params, g.obs)
-                action = np.asarray(action)
+                action, _, self._key = g.act(params, self._key, explore)
                 limit = quota[i] - done[i] if unit == "episodes" else None
-                finished, steps = g.step(action, self.episode_callbacks, limit)
-                if rec is not None:
-                    g.carry = (state, action, g.reward, final)
+                steps = int(g.step(action, self.episode_callbacks, log, limit).sum())
+                finished = log.drain()
                 if unit == "episodes":
-                    finished = finished[: quota[i] - done[i]]
                     done[i] += len(finished)
                 elif unit == "timesteps":
                     done[i] += steps

@@ -1,12 +1,11 @@
 """The policy's ``act`` in NumPy, for small MLP policies whose actors run on a CPU.
 
-On the CPU backend XLA's dot is slow for an actor's shapes: the [256, 64] x [64, 64] layer of
-the CartPole policy takes 75-120 us as a compiled program, against 23 us in one thread of NumPy's
-BLAS (2-core machine, jax 0.10.2; benchmarks/README.md, "Performance II, fifth pass"). A runner
-spends most of its time in ``act``, so ``HostActor`` runs the same forward pass and the same
-distributions with NumPy, on a host copy of the params taken once per published version. It has
-the jitted ``act``'s signature, ``act(params, obs, key) -> (action, dist_inputs, key)``, where
-the key is a ``numpy.random.Generator`` (``HostActor.key``) that the call advances; a JAX key
+On the CPU backend XLA's dot is slower for an actor's small shapes than one thread of NumPy's
+BLAS (benchmarks/README.md). A runner spends most of its time in ``act``, so ``HostActor`` runs
+the same forward pass and the same distributions with NumPy, on a host copy of the params taken
+once per published version. It has the jitted ``act``'s signature (``core/policy.py``),
+``act(params, obs, key) -> (action, dist_inputs, key)``, where the key is a
+``numpy.random.Generator`` (``HostActor.key``) that the call advances; a JAX key
 (``compute_actions``) seeds a Generator for that one call. Actions are the jitted act's dtypes
 (int32, float32); sampling draws from NumPy's PCG64, so a run's actions differ from the jitted
 actor's for the same seed, but a seed still fixes them (lockstep mode).
@@ -54,9 +53,7 @@ _ACTIVATIONS = {
 }
 
 # "auto" acts with NumPy up to this many multiply-adds per call (envs x the dense layers'
-# in x out), where one BLAS thread beats XLA's dot on two: per call of a [64, 64] policy on
-# 256 envs (1.2 M) 69 against 142 us; [256, 256] on 16 envs (1.1 M) 63 against 139 us;
-# [512, 512] on 16 (4.3 M) even; [256, 256] on 1,024 (70 M) 1.8 ms against 1.0 ms (2 cores).
+# in x out): below it one BLAS thread beats XLA's dot (benchmarks/README.md).
 AUTO_MAX_MACS = 2_000_000
 
 # flax.linen.LayerNorm's default epsilon.
@@ -219,7 +216,7 @@ class HostActor:
             eps = rng.standard_normal(mean.shape, dtype=np.float32)
             return (mean + np.exp(np.clip(log_std, -c, c)) * eps).astype(np.float32)
         # Categorical: the exponential race, argmax(logits - log E), E ~ Exp(1) per entry (the
-        # Gumbel-max trick with -log E as the Gumbel noise): 4x cheaper than an inverse CDF at
+        # Gumbel-max trick with -log E as the Gumbel noise), cheaper than an inverse CDF at
         # these sizes. A masked logit (finfo.min) loses to any other; E is kept above 0.
         e = rng.standard_exponential(dist_inputs.shape, dtype=np.float32)
         np.maximum(e, np.finfo(np.float32).tiny, out=e)
@@ -246,8 +243,7 @@ class HostActor:
 
 
 # One BLAS thread while any algorithm acts with NumPy: with more, BLAS's threads spin beside
-# envpool's and the learner's on a small machine (2 cores: 234 K env steps/s against 323 K
-# with one thread, end to end on CartPole). Process-wide, as BLAS's thread count is.
+# envpool's and the learner's on a small machine. Process-wide, as BLAS's thread count is.
 _blas_lock = threading.Lock()
 _blas_holders = 0
 _blas_limiter = None
@@ -292,24 +288,8 @@ def no_gil_yield():
 
 
 def _yield_gil() -> None:
-    """Lets a thread waiting for the GIL take it, once per call, unless the caller's envs
-    release it every step (no_gil_yield).
-
-    The jitted act releases the GIL while it runs; NumPy at an actor's sizes hardly does. A
-    thread acting with NumPy on a pure-Python env then holds the GIL until the interpreter
-    forces a switch, and a thread that releases it often (the learner's dispatches and
-    transfers) waits that long after each release: beside a parallel evaluation on a gymnasium
-    env, a 1 s training iteration made 53-373 env steps (the evaluation then ran 4-13 s), with
-    the jitted act 4,800-6,200. ``os.sched_yield`` releases the GIL and the CPU for a moment
-    (0.6 us), long enough for a waiting thread to take it: 1,900-4,500 env steps, the
-    evaluation 1.0 s. (``time.sleep(0)`` also works but sleeps ~80 us.)
-
-    envpool releases the GIL while its threads step the envs, every step: a waiting thread gets
-    it there. Yielding as well cost the runner thread the CPU: in CartPole training (envpool,
-    2 cores) the runner spent 31 % of its wall time inside ``sched_yield`` (py-spy), and
-    training without it sampled 1.085x and 1.043x as fast (paired medians of 8 and 11 runs,
-    faster in 14 of 19).
-    """
+    """Lets a thread waiting for the GIL take it, since NumPy at an actor's sizes hardly
+    releases it (``os.sched_yield``); not for envs that release it every step (no_gil_yield)."""
     if not getattr(_acting, "env_releases_gil", False):
         os.sched_yield()
 
