@@ -86,6 +86,22 @@ def test_two_devices_give_the_same_update_as_one(num_epochs, minibatches):
         # Minibatches are per-device column blocks: with 2 devices a minibatch holds columns
         # from both halves, so only the full-batch case is the same update.
         assert np.isfinite(m2["total_loss"])
+        # Placed so that minibatch m's block on each device holds half of one device's
+        # minibatch m (unshuffled), the columns give 2 devices one device's updates exactly.
+        mb = B // 2 // minibatches
+        perm = [
+            m * 2 * mb + d * mb + i for d in (0, 1) for m in range(minibatches) for i in range(mb)
+        ]
+        learner = make_learner(2, num_epochs, minibatches)
+        for seed in range(2):
+            batch = jax.tree.map(
+                lambda x: x[perm] if x.ndim == 1 else x[:, perm], random_batch(seed)
+            )
+            metrics = learner.update(learner.put_batch(batch), env_steps=0)
+        p3, m3 = jax.device_get((learner.state.params, metrics))
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), p1, p3)
+        for name in ("total_loss", "entropy", "gradients_default_optimizer_global_norm"):
+            np.testing.assert_allclose(m1[name], m3[name], rtol=1e-5)
 
 
 @pytest.mark.timeout(120)
