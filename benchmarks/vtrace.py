@@ -1,4 +1,4 @@
-"""V-trace: ``impala_jax.core.vtrace.vtrace`` vs ``rlax.vtrace_td_error_and_advantage`` vmapped over B.
+"""V-trace: ``impala_jax.core.vtrace.vtrace`` vs ``rlax.vtrace_td_error_and_advantage``, vmapped.
 
 Both are jitted and compiled before timing; each timing sample is a burst of calls ended by
 ``block_until_ready``; the two implementations alternate sample by sample, and the figure per

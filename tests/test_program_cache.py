@@ -1,5 +1,5 @@
-"""impala_jax.runtime.program_cache: a stored learner step is the same program as a freshly traced one,
-on one device and on two, and a different config, a damaged file or user code in the model
+"""impala_jax.runtime.program_cache: a stored learner step is the same program as a freshly traced
+one, on one device and on two, and a different config, a damaged file or user code in the model
 config never gets a stored program that is not its own."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The model_config defaults and the names they may take; imported by the config and networks.
 
-Plain constants, no JAX: `impala_jax.rllib.config` must stay importable without starting JAX. Each key
-is explained in ``docs/config.md`` (the ``.rl_module()`` table).
+Plain constants, no JAX: `impala_jax.rllib.config` must stay importable without starting JAX.
+Each key is explained in ``docs/config.md`` (the ``.rl_module()`` table).
 """
 
 from __future__ import annotations

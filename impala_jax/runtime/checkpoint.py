@@ -18,6 +18,8 @@ for the life of the process (benchmarks/README.md, "Soak"); an npz save keeps no
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -269,22 +271,29 @@ def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
     return arrays, _current_paths(meta)
 
 
-# Import paths of impala_jax's own modules before they were grouped into core/, runtime/,
-# rllib/ and cli/; a checkpoint written then names a class such as a callbacks class by them.
+# impala_jax's modules before they were grouped into core/, runtime/, rllib/ and cli/, and where
+# their names are now; a checkpoint written then names a class (a callbacks class) by the old path.
 _MOVED_MODULES = {
-    **dict.fromkeys(
-        "types vtrace losses distributions optim networks recurrent model_config".split(), "core"
-    ),
-    **dict.fromkeys(
-        "envs env_runner env_runner_group evaluation host_actor buffers learner parallel "
-        "distributed program_cache jax_setup checkpoint metrics metrics_logger callbacks".split(),
-        "runtime",
-    ),
-    **dict.fromkeys(
-        "config config_checks model_config_checks rllib_compat specs algorithm checkpointable "
-        "module ray_tune tune_hook".split(),
-        "rllib",
-    ),
+    **{m: (f"core.{m}",) for m in "types vtrace losses distributions optim model_config".split()},
+    **{
+        m: (f"runtime.{m}",)
+        for m in "env_runner_group evaluation host_actor buffers distributed program_cache "
+        "jax_setup checkpoint metrics metrics_logger callbacks".split()
+    },
+    **{
+        m: (f"rllib.{m}",) for m in "config model_config_checks specs checkpointable module".split()
+    },
+    **{m: (f"rllib.{m}",) for m in "ray_tune tune_hook".split()},
+    **{m: (f"cli.{m}",) for m in "experiment sweep run_dir loggers display curve tfevents".split()},
+    "networks": ("core.networks", "core.initializers"),
+    "recurrent": ("core.recurrent", "core.policy"),
+    "learner": ("runtime.learner", "core.update", "core.losses"),
+    "parallel": ("runtime.parallel", "core.update"),
+    "env_runner": ("runtime.env_runner", "core.policy"),
+    "envs": ("runtime.env_registry", "runtime.vec_env"),
+    "algorithm": ("rllib.algorithm", "rllib.diagnostics"),
+    "config_checks": ("rllib.checks", "rllib.values", "rllib.model_config_checks", "rllib.specs"),
+    "rllib_compat": ("rllib.compat", "rllib.compat_tables"),
 }
 
 
@@ -296,9 +305,12 @@ def _current_paths(value: Any) -> Any:
         return [_current_paths(v) for v in value]
     if isinstance(value, str) and value.startswith("impala_jax.") and ":" in value:
         module, _, name = value.partition(":")
-        layer = _MOVED_MODULES.get(module[len("impala_jax.") :])
-        if layer is not None:
-            return f"impala_jax.{layer}.{module[len('impala_jax.') :]}:{name}"
+        for new in _MOVED_MODULES.get(module[len("impala_jax.") :], ()):
+            found = importlib.util.find_spec(f"impala_jax.{new}")
+            if found is not None and hasattr(
+                importlib.import_module(f"impala_jax.{new}"), name.split(".")[0]
+            ):
+                return f"impala_jax.{new}:{name}"
     return value
 
 

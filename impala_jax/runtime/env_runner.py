@@ -313,8 +313,8 @@ class EnvRunner:
         self.action_space = self.groups[0].env.action_space
 
     # Two alternating groups overlap this thread's inference with envpool's stepping, which
-    # pays only with a core to spare (benchmarks/README.md). Class attribute, so tests can
-    # force either layout.
+    # pays only with a core to spare (benchmarks/README.md, "The runner thread and the GIL").
+    # Class attribute, so tests can force either layout.
     split_min_cpus = 4
 
     @classmethod

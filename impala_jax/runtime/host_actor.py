@@ -1,7 +1,8 @@
 """The policy's ``act`` in NumPy, for small MLP policies whose actors run on a CPU.
 
 On the CPU backend XLA's dot is slower for an actor's small shapes than one thread of NumPy's
-BLAS (benchmarks/README.md). A runner spends most of its time in ``act``, so ``HostActor`` runs
+BLAS (benchmarks/README.md, "The NumPy actor"). A runner spends most of its time in ``act``,
+so ``HostActor`` runs
 the same forward pass and the same distributions with NumPy, on a host copy of the params taken
 once per published version. It has the jitted ``act``'s signature (``core/policy.py``),
 ``act(params, obs, key) -> (action, dist_inputs, key)``, where the key is a
@@ -53,7 +54,7 @@ _ACTIVATIONS = {
 }
 
 # "auto" acts with NumPy up to this many multiply-adds per call (envs x the dense layers'
-# in x out): below it one BLAS thread beats XLA's dot (benchmarks/README.md).
+# in x out): below it one BLAS thread beats XLA's dot (benchmarks/README.md, "The NumPy actor").
 AUTO_MAX_MACS = 2_000_000
 
 # flax.linen.LayerNorm's default epsilon.
@@ -120,7 +121,7 @@ class HostActor:
     """``act`` and ``greedy`` in NumPy for the MLP policies ``host_actor_unsupported`` allows.
 
     ``jitted`` is the jitted ``act`` it stands in for: the action dtype the learner compiles
-    for comes from its abstract evaluation (IMPALA._policy_action_dtype); the dtypes agree.
+    for comes from its abstract evaluation (acting.Policy.action_dtype); the dtypes agree.
     """
 
     def __init__(

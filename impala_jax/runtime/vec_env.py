@@ -148,7 +148,8 @@ class EnvpoolVecEnv(VecEnv):
         if self._binding is not None:
             # envpool's C++ binding, not its Python recv and send, which build a gymnasium
             # step and info dict thrown away here and re-check every action: the runner
-            # thread's Python is what sampling waits on most (benchmarks/README.md).
+            # thread's Python is what sampling waits on most (benchmarks/README.md, "The
+            # runner thread and the GIL").
             state = self._env._recv()
             env_id, obs, reward, done, trunc = (state[i] for i in self._binding.recv)
             terminated = done & ~trunc  # what envpool's gymnasium API returns
