@@ -41,7 +41,7 @@ from impala_jax.cli.run_dir import (
     resume_point,
     write_run_files,
 )
-from impala_jax.rllib.config_checks import find_search_space
+from impala_jax.rllib.values import find_search_space
 from impala_jax.runtime import distributed
 from impala_jax.runtime.jax_setup import enable_compile_cache, initialize_lapack
 
