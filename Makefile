@@ -15,7 +15,7 @@ GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda12)
 EXTRAS := test$(if $(GPU),$(comma)$(GPU))
 RUN_EXTRAS := $(if $(GPU),[$(GPU)])
 
-.PHONY: install run test test-slow bench soak lint format clean
+.PHONY: install run notebook test test-slow bench soak lint format clean
 
 install: $(STAMP)
 
@@ -33,6 +33,15 @@ $(STAMP): $(RUN_STAMP)
 
 run: $(RUN_STAMP)
 	$(BIN)/python -m impala_jax.run experiments/cartpole.py
+
+# JupyterLab on notebooks/ (the notebooks extra); sweep_analysis.ipynb also needs the tune extra.
+NOTEBOOK_STAMP := $(VENV)/.installed-notebooks
+$(NOTEBOOK_STAMP): $(RUN_STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[notebooks$(if $(GPU),$(comma)$(GPU))]"
+	touch $(NOTEBOOK_STAMP)
+
+notebook: $(NOTEBOOK_STAMP)
+	$(BIN)/jupyter lab notebooks
 
 test: install
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -5,8 +5,8 @@ how to size the run for a CPU): the paper used one setting for all 57 games, so 
 pong.py's config and changes only the game. Life loss does not end an episode here either:
 returns are whole games. For a 2-core CPU: breakout_cpu.py (pong_cpu.py's settings).
 
-Target: no tuned figure to hold it to. The run stops at the 10 M env-step budget (40 M frames)
-or at a return of 400.
+Goal: a return of 400 within 10 M env steps (40 M frames; the stop below); not measured here,
+and no tuned figure to hold it to.
 """
 
 import runpy

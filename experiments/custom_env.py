@@ -4,10 +4,15 @@
 or an import path "package.module:CorridorEnv" work too). impala_jax calls
 ``CorridorEnv(env_config)`` once per env and steps the copies under ``gymnasium.vector`` with
 next-step autoreset, exactly like envpool's envs. Keep the class importable (module level, not
-inside a function): checkpoints store it by its import path, so ``--resume`` finds it again.
+inside a function): checkpoints store it by its import path. Run from the repository root,
+that path is ``experiments.custom_env:CorridorEnv``, so ``--resume`` and
+``IMPALA.from_checkpoint(path)`` in a Python started in the repository root find it again
+(elsewhere: put the repository root on PYTHONPATH).
 
 The env: walk right along a corridor of ``length`` cells to the goal (+1), each step costing
 ``step_cost``; episodes are cut at ``max_steps``. Optimal return: 1 - (length - 1) * step_cost.
+
+Goal: a return of 0.85 within 0.5 M env steps (the stop below); not measured here.
 """
 
 import gymnasium as gym

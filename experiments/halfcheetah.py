@@ -9,7 +9,7 @@ on MuJoCo (the PPO defaults of Schulman et al. 2017 and CleanRL): Adam at 3e-4, 
 gamma 0.99; actions are sampled in [-1, 1] and rescaled to the action bounds
 (``normalize_actions``). IMPALA's V-trace corrects the policy lag of the asynchronous actors.
 
-Target: unmeasured here; the stop criterion is a 10 M env-step budget or a return of 3000.
+Goal: a return of 3000 within 10 M env steps (the stop below); not measured here.
 """
 
 from impala_jax import IMPALAConfig

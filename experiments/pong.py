@@ -20,8 +20,8 @@ square instead of 0.02-0.3 x lr, and the policy stays uniform (measured: entropy
 for 3 M frames). The build warns when that happens; docs/config.md, "Loss reduction", has the
 numbers.
 
-Target: RLlib's tuned IMPALA Pong example reaches a return of 20 within 10 M env steps (agent
-steps, i.e. 40 M frames); that is the stop criterion below.
+Goal: a return of 20 within 10 M env steps (the stop below: RLlib's tuned IMPALA Pong example
+reaches it within 10 M agent steps, i.e. 40 M frames); not measured here.
 
 Sizing. As written: one GPU and 16 cores (4 runners x 32 envs, 4 envpool threads each). On a
 2-core CPU the deep network's learner step is too slow (about 50 samples/s), and even the Nature

@@ -11,6 +11,8 @@ and fragments of 50.
 Measured (2 shared CPU cores, seed 0): a return mean of 371 after 1.15 M env steps and 322 s of
 training. The same settings with ``use_lstm=False`` peaked at 52.7 over 1.2 M env steps: the
 policy needs its memory.
+
+Goal: a return of 350 within 2 M env steps (the stop below); measured: 371 at 1.15 M env steps.
 """
 
 import gymnasium as gym

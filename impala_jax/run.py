@@ -19,31 +19,40 @@ import uuid
 import warnings
 from pathlib import Path
 
-from impala_jax.cli import loggers, process
-from impala_jax.cli.args import EXIT_FAILED, EXIT_STOPPED, EXIT_USAGE, parse_args
-from impala_jax.cli.display import Display
-from impala_jax.cli.experiment import (
-    RunError,
-    apply_overrides,
-    check_stop,
-    check_stop_keys,
-    load_experiment,
-    one_line,
-    parse_stop,
-    stop_reached,
-)
-from impala_jax.cli.run_dir import (
-    CheckpointFailed,
-    checkpoint_config,
-    checkpoint_or_warn,
-    checkpoint_path,
-    new_run_dir,
-    resume_point,
-    write_run_files,
-)
-from impala_jax.rllib.values import find_search_space
-from impala_jax.runtime import distributed
-from impala_jax.runtime.jax_setup import enable_compile_cache, initialize_lapack
+from impala_jax.cli import deps
+
+try:
+    from impala_jax.cli import loggers, process
+    from impala_jax.cli.args import EXIT_FAILED, EXIT_STOPPED, EXIT_USAGE, parse_args
+    from impala_jax.cli.display import Display
+    from impala_jax.cli.experiment import (
+        RunError,
+        apply_overrides,
+        check_stop,
+        check_stop_keys,
+        load_experiment,
+        one_line,
+        parse_stop,
+        stop_reached,
+    )
+    from impala_jax.cli.run_dir import (
+        CheckpointFailed,
+        checkpoint_config,
+        checkpoint_or_warn,
+        checkpoint_path,
+        checkpoint_steps,
+        new_run_dir,
+        resume_point,
+        write_run_files,
+    )
+    from impala_jax.rllib.values import find_search_space
+    from impala_jax.runtime import distributed
+    from impala_jax.runtime.jax_setup import enable_compile_cache, initialize_lapack
+except ModuleNotFoundError as err:  # a Python without the dependencies: one line, no traceback
+    if __name__ != "__main__" or not deps.is_runtime_package(err.name):
+        raise
+    print(f"impala_jax.run: error: {deps.missing_message(err.name)}", file=sys.stderr)
+    sys.exit(2)
 
 
 def prepare(args: argparse.Namespace):
@@ -100,6 +109,10 @@ def prepare(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    missing = deps.missing_package()
+    if missing:  # before anything imports it: one line naming it and the fix
+        print(f"impala_jax.run: error: {deps.missing_message(missing)}", file=sys.stderr)
+        return EXIT_USAGE
     # envpool builds its gymnasium Box spaces from float64 bounds and gymnasium warns about the
     # cast on every build: noise in front of the progress display.
     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
@@ -226,9 +239,15 @@ def _loop(algo, args, stop, run_dir, display, interrupt, writers, iteration: int
         path = save(iteration, final=True)
     elapsed = time.perf_counter() - display.started
     display.status = "stopped" if reason else "interrupted"
-    steps = (
-        result["num_env_steps_sampled_lifetime"] if result else algo.num_env_steps_sampled_lifetime
-    )
+    # The checkpoint's count (the runners sample on while it is written): the one --resume
+    # reports and continues from.
+    steps = checkpoint_steps(path)
+    if steps is None:
+        steps = (
+            result["num_env_steps_sampled_lifetime"]
+            if result
+            else algo.num_env_steps_sampled_lifetime
+        )
     at = f"iteration {iteration}, {steps:,} env steps, {elapsed:.1f} s"
     if reason:
         display.final(

@@ -3,85 +3,47 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 
 from impala_jax.runtime.jax_setup import DEFAULT_COMPILE_CACHE
 
 DESCRIPTION = """\
-An experiment file is a Python file that defines a module-level ``config`` (an IMPALAConfig) and
-optionally ``stop``, a dict of result paths to thresholds, as Ray Tune and RLlib's tuned
-examples use: the run stops when any result value reaches its threshold. Overrides go through
-the same builder methods: ``training.lr=3e-4`` calls ``config.training(lr=3e-4)``; values are
-Python literals (a bare word is a string), and ``section.field.key=value`` changes one key of a
-dict field, e.g. ``rl_module.model_config.fcnet_hiddens=[64,64]``.
+Trains the config an experiment file defines until a stop criterion is met.
 
-While the file runs, sys.argv is the file's path plus the arguments after ``--``, so a file that
-parses its own arguments (RLlib's tuned examples: add_rllib_example_script_args, then
-parser.parse_args()) sees only those; it runs as a module, not as __main__, so its
-``if __name__ == "__main__":`` block does not run. RLlib's example arguments act as RLlib's
-example runner makes them act: --num-env-runners, --num-envs-per-env-runner, --num-learners,
---env, --evaluation-* set the config, and --stop-reward / --stop-timesteps / --stop-iters are
-the stop when the file defines none; one with no counterpart here is an error.
+An experiment file is a Python file with a module-level config (an IMPALAConfig)
+and optionally stop, a dict of result paths to thresholds: the run stops when a
+result value reaches its threshold. An override section.field=value calls
+config.section(field=value); values are Python literals (a bare word is a
+string) and section.field.key=value sets one key of a dict field. Arguments
+after -- are the file's own (its sys.argv[1:] while it loads, as RLlib's example
+scripts expect); the file runs as a module, not as __main__.
 
-A stop key must be a result train() can report for the config; one that can never appear
-(a typo, evaluation/... without evaluation) is an error before anything is built. A key not
-reported yet (env_runners/episode_return_mean before the first episode ends) just waits.
-Callbacks may log keys of their own: with episode hooks, keys under env_runners/ are accepted;
-with an algorithm-level hook (on_train_result, ...), any key; each with a note.
-
-The run directory LOGDIR/NAME_TIMESTAMP/ receives params.json (the resolved config), run.json
-(how the run was started), result.json (one JSON line per iteration, Tune's format),
-progress.csv, TensorBoard event files (step: env steps sampled), learning_curve.png (return
-against env steps, refreshed every few seconds), and checkpoints checkpoint_NNNNNN every
---checkpoint-freq iterations and at the end (the newest --keep-checkpoints are kept). A save that
-fails (disk full, permission denied) leaves the previous checkpoint intact and, as
---on-checkpoint-error says, warns and trains on (default) or stops the run.
-
-Ctrl-C (or SIGTERM) finishes the current iteration, saves a checkpoint and exits with the
-command that resumes the run; a second Ctrl-C exits at once. --resume RUN_DIR continues from the
-newest intact checkpoint (a damaged one, which fails its manifest check, is skipped with a note)
-with the same counters and appends to the same logs, dropping what was logged after that
-checkpoint.
-
-A config that holds Ray Tune search spaces (tune.grid_search, tune.uniform, ... anywhere in
-the builder calls) runs as a Ray Tune sweep (impala_jax/cli/sweep.py): one trial per point, each
-stopped by the stop criteria, in one run directory with Tune's experiment under tune/; at the
-end one line per trial and the best trial's checkpoint. The file may also set num_samples and
-failure_config. --ray-address joins a running Ray cluster (default: a local Ray with every CPU).
-
-One run over several processes or hosts (impala_jax/runtime/distributed.py): start the same command
-in every process with --coordinator HOST:PORT (process 0's address) --num-processes N
---process-id I, or with none of them under a cluster manager JAX detects (SLURM, Open MPI).
-Process 0 writes the run directory and prints; the others print only errors. --resume needs
-the run directory where every process can read it (a shared filesystem); process 0 reads the
-checkpoint and sends it to the others. A lost process ends the others within
---collective-timeout seconds, naming it.
-
-Exit status: 0 when a stop criterion is met, 2 for a usage or config error, 130 / 143 after
-SIGINT / SIGTERM, 1 when training fails. A sweep: 0 when every trial terminated, 1 when a trial
-errored or did not finish, 2 for a usage or config error.
+The run directory LOGDIR/NAME_TIMESTAMP/ holds params.json, run.json,
+result.json, progress.csv, TensorBoard events, learning_curve.png and
+checkpoints. Ctrl-C (or SIGTERM) saves a checkpoint and prints the command that
+resumes the run; a second Ctrl-C exits at once. A config with Ray Tune search
+spaces runs as a sweep (needs the tune extra). Several processes: give every
+process --coordinator, --num-processes and --process-id (or none of them under
+SLURM or Open MPI); process 0 writes the run directory. README.md has the rest.
 """
 
-EXAMPLES = """examples:
+EXAMPLES = """\
+examples:
   python -m impala_jax.run experiments/cartpole.py
   python -m impala_jax.run experiments/cartpole.py training.lr=1e-3 \\
-      env_runners.num_envs_per_env_runner=32 --stop env_runners/episode_return_mean=400
-  python -m impala_jax.run experiments/pong.py --stop num_env_steps_sampled_lifetime=2e6 \\
-      --name pong_short --logdir /data/runs --checkpoint-freq 20
-  python -m impala_jax.run experiments/cartpole.py learners.num_learners=2 --devices 2
-  python -m impala_jax.run experiments/cartpole.py 'rl_module.model_config.fcnet_hiddens=[32]'
-  python -m impala_jax.run --resume runs/cartpole_2025-01-01_12-00-00 --stop time_total_s=600
-  WANDB_MODE=offline python -m impala_jax.run experiments/cartpole.py --wandb
-  python -m impala_jax.run cartpole_impala.py --stop training_iteration=50 \\
-      -- --num-env-runners=2 --stop-reward=450
-  python -m impala_jax.run experiments/cartpole_sweep.py       # a Ray Tune sweep
-  python -m impala_jax.run experiments/cartpole_sweep.py --ray-address auto
-  python -m impala_jax.run experiments/cartpole.py --coordinator 10.0.0.1:1234 \\
-      --num-processes 2 --process-id 0 learners.num_learners=2   # and --process-id 1
+      --stop env_runners/episode_return_mean=400
+  python -m impala_jax.run experiments/cartpole.py \\
+      'rl_module.model_config.fcnet_hiddens=[32]' --seed 1
+  python -m impala_jax.run --resume runs/cartpole_2025-01-01_12-00-00 \\
+      --stop time_total_s=600
+  python -m impala_jax.run cartpole_impala.py -- --stop-reward=450
+  python -m impala_jax.run experiments/cartpole_sweep.py
 
-stop keys are slash paths into the result dict, e.g. env_runners/episode_return_mean,
-env_runners/num_env_steps_sampled_lifetime (RLlib's step budget; the same count as the
-top-level num_env_steps_sampled_lifetime), training_iteration, time_total_s; the step,
-iteration and time budgets give the live display its ETA.
+stop keys are slash paths into the result, e.g. env_runners/episode_return_mean,
+num_env_steps_sampled_lifetime, training_iteration, time_total_s.
+
+exit status: 0 a stop criterion was met (a sweep: every trial terminated),
+2 a usage or config error, 130 / 143 after SIGINT / SIGTERM, 1 training failed.
 """
 
 EXIT_STOPPED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -90,18 +52,18 @@ EXIT_STOPPED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 OPTIONS: tuple[tuple[tuple[str, ...], dict], ...] = (
     (
         ("experiment",),
-        dict(nargs="?", help="experiment file defining `config` (and optionally `stop`)"),
+        dict(nargs="?", help="the experiment file (defines config, optionally stop)"),
     ),
     (
         ("overrides",),
-        dict(nargs="*", help="section.field=value, e.g. training.lr=1e-3 (repeatable)"),
+        dict(nargs="*", help="section.field=value, e.g. training.lr=1e-3"),
     ),
     (
         ("script_args",),
         dict(
             nargs="*",
             metavar="-- SCRIPT_ARGS",
-            help="after --: the experiment file's own arguments (its sys.argv[1:] while it loads)",
+            help="after --: the experiment file's own arguments",
         ),
     ),
     (
@@ -110,8 +72,7 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict], ...] = (
             action="append",
             default=[],
             metavar="KEY=VALUE",
-            help="stop when result KEY (slash path) reaches VALUE; repeatable; replaces the "
-            "experiment's `stop`",
+            help="stop when result KEY reaches VALUE (repeatable; replaces the file's stop)",
         ),
     ),
     (("--name",), dict(help="run name (default: the experiment file's name)")),
@@ -123,7 +84,7 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict], ...] = (
             type=int,
             default=10,
             metavar="N",
-            help="checkpoint every N iterations (default 10; 0: only at the end)",
+            help="checkpoint every N iterations (default 10; 0: at the end only)",
         ),
     ),
     (
@@ -132,7 +93,7 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict], ...] = (
             type=int,
             default=3,
             metavar="N",
-            help="how many of the newest checkpoints to keep (default 3)",
+            help="keep the newest N checkpoints (default 3)",
         ),
     ),
     (
@@ -140,30 +101,26 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict], ...] = (
         dict(
             choices=("warn", "stop"),
             default="warn",
-            help="when a checkpoint cannot be written (disk full, permission denied, I/O error): "
-            "warn and train on, the next save trying again (default), or stop the run; either "
-            "way the previous checkpoint stays intact",
+            help="a checkpoint that cannot be written: warn and train on (default) or stop",
         ),
     ),
     (
         ("--resume",),
         dict(
             metavar="RUN_DIR",
-            help="continue RUN_DIR from its newest checkpoint (the experiment file is optional; "
-            "overrides and --stop still apply)",
+            help="continue RUN_DIR from its newest intact checkpoint",
         ),
     ),
     (
         ("--quiet",),
-        dict(action="store_true", help="print only the final lines, no per-iteration output"),
+        dict(action="store_true", help="print only the final lines"),
     ),
     (
         ("--devices",),
         dict(
             type=int,
             metavar="N",
-            help="run JAX on N forced CPU devices (sets XLA_FLAGS and JAX_PLATFORMS=cpu before "
-            "JAX starts), e.g. for learners(num_learners=N) on a machine without accelerators",
+            help="run JAX on N CPU devices (e.g. learners.num_learners=N without a GPU)",
         ),
     ),
     (
@@ -171,18 +128,15 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict], ...] = (
         dict(
             metavar="DIR",
             default=DEFAULT_COMPILE_CACHE,
-            help="JAX's persistent compilation cache, with the learner step's traced program in "
-            "DIR/impala_jax_programs: a rerun of the same experiment skips compiling and "
-            "tracing (default ~/.cache/impala_jax/xla; 'none' turns both off)",
+            help="compiled programs kept for reruns (default ~/.cache/impala_jax/xla; none: off)",
         ),
     ),
-    (("--wandb",), dict(action="store_true", help="also log to Weights & Biases (needs wandb)")),
+    (("--wandb",), dict(action="store_true", help="also log to Weights & Biases")),
     (
         ("--ray-address",),
         dict(
             metavar="ADDRESS",
-            help="a sweep (a config with Ray Tune search spaces) joins this Ray cluster, e.g. "
-            "auto (default: starts a local Ray with every CPU of the machine)",
+            help="a sweep joins this Ray cluster, e.g. auto (default: a local Ray)",
         ),
     ),
     (("--wandb-project",), dict(default="impala_jax", help="W&B project (default impala_jax)")),
@@ -190,8 +144,7 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict], ...] = (
         ("--coordinator",),
         dict(
             metavar="HOST:PORT",
-            help="one run over several processes: process 0's address (jax.distributed); with "
-            "--num-processes and --process-id",
+            help="several processes: process 0's address",
         ),
     ),
     (("--num-processes",), dict(type=int, metavar="N", help="processes in the run")),
@@ -202,8 +155,7 @@ OPTIONS: tuple[tuple[tuple[str, ...], dict], ...] = (
             type=float,
             default=60.0,
             metavar="S",
-            help="several processes: how long one waits for the others before it names the "
-            "silent ones and exits (default 60)",
+            help="several processes: how long to wait for the others (default 60)",
         ),
     ),
 )
@@ -213,6 +165,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line's arguments, checked; ``parser.error`` (exit status 2) on a bad one."""
     parser = argparse.ArgumentParser(
         prog="python -m impala_jax.run",
+        usage="%(prog)s EXPERIMENT.py [overrides] [options] [-- args]\n"
+        "       %(prog)s --resume RUN_DIR [overrides] [options]",
         description=DESCRIPTION,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -226,10 +180,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         argv, script_args = argv[:at], argv[at + 1 :]
     args, unknown = parser.parse_known_intermixed_args(argv)
     if unknown:
-        parser.error(
-            f"unrecognized arguments: {' '.join(unknown)} (arguments for the experiment "
-            "file's own parser go after `--`)"
+        flags = [name for names, _ in OPTIONS for name in names if name.startswith("--")]
+        close = [
+            match
+            for arg in unknown
+            if arg.startswith("--")
+            for match in difflib.get_close_matches(arg.partition("=")[0], flags, n=1, cutoff=0.75)
+        ]
+        hint = (
+            f"did you mean {' '.join(close)}?"
+            if close
+            else "arguments for the experiment file's own parser go after `--`"
         )
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} ({hint})")
     args.script_args = script_args
     # `--resume DIR training.lr=1e-3`: the first override lands in the experiment slot.
     if args.experiment and "=" in args.experiment and not args.experiment.endswith(".py"):

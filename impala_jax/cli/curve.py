@@ -56,13 +56,20 @@ def plot_curve(ax, points: list[Point], stop: Mapping[str, Any] | None = None) -
         ax.plot(steps, [p[4] for p in points], "o-", ms=3, label="evaluation return mean")
     if RETURN_KEY in stop:
         ax.axhline(float(stop[RETURN_KEY]), ls="--", color="tab:red", label="stop threshold")
+    # The x axis follows the data (a run stops long before its budget, as a rule); the budget
+    # line shows once the data comes near it.
+    right = 1.05 * max(steps) if steps else None
     budget = step_budget(stop)
-    if budget is not None:
+    if budget is not None and (right is None or budget <= 1.05 * right):
         ax.axvline(float(budget), ls=":", color="gray", label="env-step budget")
+        right = None if right is None else 1.02 * max(right, float(budget))
+    if right:
+        ax.set_xlim(0, right)
     ax.set_xlabel("env steps sampled")
     ax.set_ylabel("return")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")
+    # Outside the axes, on the right: over the axes it covers a curve that ends anywhere.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", borderaxespad=0)
 
 
 def figure_class():
@@ -77,7 +84,7 @@ def figure_class():
 
 def draw(path: Path, points: list[Point], stop: Mapping[str, Any], title: str) -> None:
     """Writes the curve to ``path`` (replaced whole: a reader never sees half a PNG)."""
-    fig = figure_class()(figsize=(7, 4.2), dpi=100, layout="constrained")
+    fig = figure_class()(figsize=(8, 4.2), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     plot_curve(ax, points, stop)
     if title:

@@ -43,6 +43,17 @@ def budget_fraction(result: dict, stop: dict) -> float | None:
     return min(1.0, max(fractions)) if fractions else None
 
 
+# The live panel's widest: an 80-column terminal never wraps it.
+PANEL_WIDTH = 80
+
+
+def _fit(text: str, width: int, left: bool = False) -> str:
+    """``text`` cut to ``width`` characters with an ellipsis (on the left: a path's end)."""
+    if len(text) <= width:
+        return text
+    return "…" + text[-(width - 1) :] if left else text[: width - 1] + "…"
+
+
 def _clock(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "-"
@@ -109,13 +120,13 @@ class Display:
     def line(self, r: dict) -> str:
         er, perf = r.get("env_runners", {}), r.get("perf", {})
         eta = eta_s(r, self.stop, self.steps_per_s())
+        # At most 80 columns (a terminal's width): the learner's rate and the elapsed time are
+        # in the panel, the logs and the final line.
         return (
             f"iter {r.get('training_iteration', 0):5d}  "
-            f"steps {_num(r.get('num_env_steps_sampled_lifetime')):>11}  "
+            f"steps {_num(r.get('num_env_steps_sampled_lifetime')):>9}  "
             f"return {_num(er.get('episode_return_mean'), '.2f'):>8}  "
-            f"env steps/s {_num(perf.get('env_steps_sampled_per_s')):>8}  "
-            f"learner steps/s {_num(perf.get('env_steps_trained_per_s')):>8}  "
-            f"elapsed {_clock(time.perf_counter() - self.started)}"
+            f"env steps/s {_num(perf.get('env_steps_sampled_per_s')):>8}"
             + (f"  ETA {_clock(eta)}" if eta is not None else "")
         )
 
@@ -142,7 +153,7 @@ class Display:
         r = self.result or {}
         er, perf = r.get("env_runners", {}), r.get("perf", {})
         elapsed = time.perf_counter() - self.started
-        grid = Table.grid(padding=(0, 2))
+        grid = Table.grid(padding=(0, 1))
         grid.add_column(style="bold")
         grid.add_column()
         grid.add_column(style="bold")
@@ -176,14 +187,14 @@ class Display:
         fraction = budget_fraction(r, self.stop) if r else None
         rows: list = [grid]
         if fraction is not None:
-            rows.append(ProgressBar(total=1.0, completed=fraction, width=60))
+            rows.append(ProgressBar(total=1.0, completed=fraction, width=50))
         table = Table.grid()
         for row in rows:
             table.add_row(row)
         return Panel(
             table,
-            title=f"impala_jax · {self.name} · {self.status}",
-            subtitle=str(self.run_dir or ""),
+            title=_fit(f"{self.name} · {self.status}", PANEL_WIDTH - 6),
+            subtitle=_fit(str(self.run_dir or ""), PANEL_WIDTH - 6, left=True),
             expand=False,
         )
 

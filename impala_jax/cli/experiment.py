@@ -35,8 +35,27 @@ def one_line(err: BaseException | str) -> str:
 
 
 def module_name(path: str | Path) -> str:
-    """The name load_experiment gives the file's module in sys.modules."""
-    return "experiment_" + re.sub(r"\W", "_", Path(path).stem)
+    """The file's module name for load_experiment: the name that imports it from sys.path
+    (``experiments.custom_env`` in the repository root), else ``experiment_<stem>``."""
+    path = Path(path).absolute()
+    for entry in sys.path:
+        try:
+            parts = path.with_suffix("").relative_to(Path(entry or ".").absolute()).parts
+        except ValueError:
+            continue
+        name = ".".join(parts)
+        if parts and all(p.isidentifier() for p in parts) and _imports_file(name, path):
+            return name
+    return "experiment_" + re.sub(r"\W", "_", path.stem)
+
+
+def _imports_file(name: str, path: Path) -> bool:
+    """Whether ``import name`` would load ``path`` (not a module of that name elsewhere)."""
+    try:
+        spec = importlib.util.find_spec(name)
+        return Path(spec.origin) == path
+    except (ImportError, ValueError, AttributeError, TypeError):  # none, or a package's own
+        return False
 
 
 def load_experiment(path: str | Path, script_args: Sequence[str] = ()) -> tuple[Any, dict]:
@@ -45,10 +64,11 @@ def load_experiment(path: str | Path, script_args: Sequence[str] = ()) -> tuple[
     While the file runs, ``sys.argv`` is ``[path, *script_args]``: a file that parses its own
     arguments at module level (RLlib's tuned examples call ``parser.parse_args()``) sees the
     arguments given after ``--`` on the command line, never the CLI's. The module runs under
-    the name ``experiment_<name>``, not ``__main__``, so an ``if __name__ == "__main__":`` block
+    ``module_name(path)``, not ``__main__``, so an ``if __name__ == "__main__":`` block
     (RLlib's ``run_rllib_example_script_experiment(config, args)``) does not run. The module
     stays registered in sys.modules under that name, so an env class it defines is stored in
-    checkpoints as ``experiment_<name>:Class`` and found again on resume.
+    checkpoints as ``experiments.custom_env:Class`` (run from the repository root) and found
+    again on resume and by ``IMPALA.from_checkpoint`` in a script started there.
 
     A module-level ``args`` from RLlib's ``add_rllib_example_script_args`` is applied as
     RLlib's example runner applies it (``apply_example_args``); its stop criteria are the stop
@@ -58,7 +78,10 @@ def load_experiment(path: str | Path, script_args: Sequence[str] = ()) -> tuple[
 
     path = Path(path)
     if not path.is_file():
-        raise RunError(f"experiment file {path} does not exist")
+        near = [str(p) for p in path.parent.glob("*.py")] if path.parent.is_dir() else []
+        close = difflib.get_close_matches(str(path), near, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise RunError(f"experiment file {path} does not exist{hint}")
     name = module_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -230,7 +253,7 @@ def stop_reached(result: dict, stop: dict) -> str | None:
 
 
 # What train() returns, section by section, as slash paths. Written from the code that fills
-# each section (algorithm.IMPALA._result, metrics.EpisodeStats.result, learner.learner_step's
+# each section (metrics.train_result, metrics.EpisodeStats.result, learner.learner_step's
 # metrics with losses.impala_loss's, the stage timers of env_runner / env_runner_group /
 # buffers / algorithm, EnvRunnerGroup.fault_tolerance_metrics, evaluation.Evaluator).
 # tests/test_experiment.py holds it equal to real results, so a key added there fails a test
@@ -289,11 +312,11 @@ LEARNER_KEYS = (
     "curr_entropy_coeff",
     "num_non_finite_updates",
     "num_consecutive_non_finite_updates",
-    "update_to_param_norm_ratio",  # learning diagnostics (learner._step_size_metrics)
+    "update_to_param_norm_ratio",  # learning diagnostics (core/update.py)
     "update_rms_to_lr_ratio",
 )
 # Reported for some configs only: entropy / its maximum (ln n for Discrete(n), none for Box), and
-# the encoder's feature diagnostics (learner._feature_metrics; feedforward policies, not LSTMs).
+# the encoder's feature diagnostics (core/update.py; feedforward policies, not LSTMs).
 OPTIONAL_LEARNER_KEYS = (
     "entropy_fraction_of_max",
     "encoder_dead_unit_fraction",

@@ -146,3 +146,14 @@ def checkpoint_config(checkpoint: Path):
         return IMPALAConfig.from_dict(meta["config"])
     except (ValueError, TypeError) as err:
         raise RunError(f"checkpoint {checkpoint}: config does not load: {one_line(err)}") from err
+
+
+def checkpoint_steps(checkpoint: Path | None) -> int | None:
+    """The env steps sampled that ``checkpoint`` holds (None without a readable one)."""
+    from impala_jax.runtime.checkpoint import STATE_FILE
+
+    try:
+        meta = json.loads((Path(checkpoint) / STATE_FILE).read_text())
+        return int(meta["counters"]["num_env_steps_sampled_lifetime"])
+    except (TypeError, OSError, ValueError, KeyError):
+        return None
