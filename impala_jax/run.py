@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import signal
 import sys
 import time
@@ -86,6 +87,12 @@ def prepare(args: argparse.Namespace):
     try:
         config.validate()
     except ValueError as err:
+        from impala_jax.rllib.checks import start_together
+
+        try:  # over several processes every one stops with this process's error
+            start_together(config, err)
+        except ValueError as every:
+            err = every
         hint = ""
         if "num_learners" in str(err) and "device" in str(err) and args.devices is None:
             hint = "; on a CPU, --devices N runs JAX on N host devices"
@@ -119,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         process.set_jax_environment(args.devices)
         enable_compile_cache(args.compile_cache)
+        os.environ["IMPALA_JAX_COMPILE_CACHE"] = args.compile_cache  # build() follows the CLI
         process.join(args)
         # A sweep's run directory holds Tune's experiment (sweep.TUNE_DIR).
         if args.resume and (Path(args.resume) / "tune").is_dir():

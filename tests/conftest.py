@@ -7,6 +7,9 @@ import os
 # carry a hard timeout.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# build() keeps compiled programs in ~/.cache unless told otherwise: tests write nothing there
+# (a test of the cache points it at its tmp_path).
+os.environ.setdefault("IMPALA_JAX_COMPILE_CACHE", "none")
 
 import jax  # noqa: E402
 

@@ -119,7 +119,7 @@ def test_box_actions_learn_a_continuous_bandit():
         first = algo.train()["env_runners"]["episode_return_mean"]
         for _ in range(200):
             result = algo.train()
-        mean_action = algo.compute_single_action(np.zeros(1, np.float32))
+        mean_action = algo.compute_single_action(np.zeros(1, np.float32), explore=False)
     assert abs(mean_action[0] - 0.5) < 0.1, mean_action
     assert result["env_runners"]["episode_return_mean"] > max(-0.05, 10 * first)
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import logging
+import os
+import signal
+import threading
 import time
 import warnings
 import weakref
@@ -20,6 +23,7 @@ import numpy as np
 from impala_jax.core.types import Trajectory
 from impala_jax.rllib import diagnostics, specs
 from impala_jax.rllib.checkpointable import Checkpointable
+from impala_jax.rllib.checks import start_together
 from impala_jax.rllib.module import DEFAULT_MODULE_ID, Actions, Module
 from impala_jax.runtime import acting, checkpoint, distributed, parallel, program_cache
 from impala_jax.runtime.buffers import MinibatchBuffer
@@ -27,6 +31,7 @@ from impala_jax.runtime.callbacks import Callbacks, UserCodeError
 from impala_jax.runtime.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from impala_jax.runtime.evaluation import Evaluator
 from impala_jax.runtime.host_actor import hold_one_blas_thread, release_blas_threads
+from impala_jax.runtime.jax_setup import DEFAULT_COMPILE_CACHE, enable_compile_cache
 from impala_jax.runtime.learner import Learner
 from impala_jax.runtime.metrics import (
     EpisodeStats,
@@ -50,16 +55,37 @@ def _stop_live_algorithms() -> None:
         algo.stop()
 
 
+# The folder of build()'s persistent compilation cache, as of the command line's and Tune's
+# trials; one of COMPILE_CACHE_OFF turns it off.
+COMPILE_CACHE_ENV = "IMPALA_JAX_COMPILE_CACHE"
+COMPILE_CACHE_OFF = ("", "none", "off")
+
+
+def use_compile_cache() -> None:
+    """Keeps compiled programs on disk for the next process, as the command line does: in
+    ``IMPALA_JAX_COMPILE_CACHE``'s folder (default ``~/.cache/impala_jax/xla``), off when that
+    is ``none``, ``off`` or empty. A cache configured in JAX itself is left as it is."""
+    if jax.config.values.get("jax_compilation_cache_dir"):
+        return
+    directory = os.environ.get(COMPILE_CACHE_ENV, DEFAULT_COMPILE_CACHE).strip()
+    if directory.lower() not in COMPILE_CACHE_OFF:
+        enable_compile_cache(directory)
+
+
 class IMPALA(Checkpointable):
     """The algorithm. ``IMPALAConfig().environment("CartPole-v1").build()`` returns one."""
 
     def __init__(self, config):
         if not getattr(config, "_is_frozen", False):
             config = config.copy()
-            config.validate()
+            try:
+                config.validate()
+            except ValueError as err:
+                start_together(config, err)
             config.freeze()
         self.config = config
         self._stopped = False
+        use_compile_cache()
         # What stop() touches exists from the start: a failed __init__ is still stoppable.
         self.learner = None
         self.env_runner_group: EnvRunnerGroup | None = None
@@ -82,17 +108,18 @@ class IMPALA(Checkpointable):
         # counts are agreed before every update (_next_batch) and process 0 writes and evaluates.
         self._processes = jax.process_count()
         self._primary = jax.process_index() == 0
-        if self._processes > 1:
-            distributed.check_same_config(checkpoint.jsonable(config.to_dict()))
         self._sampled_base = 0  # restored env steps of all processes (several processes)
         self._global_sampled = 0  # every process's env steps, as of the last agreement
-        devices = parallel.learner_devices(config.num_learners)
-        local = distributed.local_learner_devices(devices, config.num_learners)
+        self._T = config.get_rollout_fragment_length()
         # The learner key stays shared; the envs' seeds and the actions' key are the process's.
         seed, actor_key = distributed.process_seed_and_key(seed, actor_key)
-        self._T = config.get_rollout_fragment_length()
-
-        self._build_policy(seed, local[0])
+        error = None
+        try:  # what can fail on one process alone, before the first collective
+            devices, local = parallel.learner_devices(config.num_learners)
+            self._build_policy(seed, local[0])  # the probe env: one this host cannot make
+        except Exception as err:
+            error = err
+        start_together(config, error)
         columns = self._build_learner(devices, len(local), learner_key)
         self._build_runners(seed, local[0], columns, actor_key)
         self._init_counters(len(devices))
@@ -414,19 +441,34 @@ class IMPALA(Checkpointable):
         )
         return results
 
-    def compute_actions(self, obs, explore: bool = False) -> np.ndarray:
-        """Env actions for a batch of observations with the newest params."""
-        return self._actions.compute_actions(obs, explore=explore)
+    def compute_actions(self, observations, *, explore: bool | None = None) -> np.ndarray:
+        """Env actions for a batch of observations with the newest params; ``explore=None``
+        follows the config's ``explore`` (True: sampled actions), as RLlib's does."""
+        return self._actions.compute_actions(observations, explore=self._explore(explore))
 
     def compute_single_action(
-        self, obs, state=None, prev_action=None, prev_reward=None, explore: bool = False
+        self,
+        observation=None,
+        state=None,
+        *,
+        prev_action=None,
+        prev_reward=None,
+        explore: bool | None = None,
     ):
-        """One env's action. A recurrent policy (use_lstm) returns ``(action, state_out,
-        extra)`` as RLlib's does: pass ``state`` (``get_initial_state()`` at an episode's
-        start, then each call's ``state_out``) and the previous action and reward (None: 0,
-        as at an episode's start); ``extra["action_dist_inputs"]`` holds the distribution's
-        inputs."""
-        return self._actions.compute_single_action(obs, state, prev_action, prev_reward, explore)
+        """One env's action; ``explore=None`` follows the config's ``explore`` (True: a sampled
+        action, False: the most likely one), as RLlib's does. A recurrent policy (use_lstm)
+        returns ``(action, state_out, extra)`` as RLlib's does: pass ``state``
+        (``get_initial_state()`` at an episode's start, then each call's ``state_out``) and the
+        previous action and reward (None: 0, as at an episode's start);
+        ``extra["action_dist_inputs"]`` holds the distribution's inputs."""
+        if observation is None:
+            raise ValueError("compute_single_action needs an observation.")
+        return self._actions.compute_single_action(
+            observation, state, prev_action, prev_reward, self._explore(explore)
+        )
+
+    def _explore(self, explore: bool | None) -> bool:
+        return bool(self.config.explore if explore is None else explore)
 
     def get_initial_state(self):
         """A recurrent policy's state for one env at an episode's start (RLlib's
@@ -492,7 +534,22 @@ class IMPALA(Checkpointable):
         self.stop()
 
     def __del__(self):
+        # The garbage collector runs a finalizer wherever it happens to run, so a signal
+        # handler can fire inside it (Ray's SIGTERM handler raises SystemExit in a trial's
+        # process as it ends): passed on to the main thread, never printed as an error here.
         try:
             self.stop()
         except Exception:
             pass
+        except (SystemExit, KeyboardInterrupt) as interrupt:
+            pass_on_interrupt(interrupt)
+
+
+def pass_on_interrupt(interrupt: BaseException) -> None:
+    """Sends the signal whose handler raised ``interrupt`` inside a finalizer, where nothing can
+    propagate, once more a moment later: its handler then runs in the main thread, outside."""
+    signum = signal.SIGINT if isinstance(interrupt, KeyboardInterrupt) else signal.SIGTERM
+    if callable(signal.getsignal(signum)):
+        resend = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+        resend.daemon = True
+        resend.start()

@@ -138,6 +138,17 @@ SETTER_CHECKS = {
 }
 
 
+def start_together(config: Any, error: BaseException | None) -> None:
+    """Raises ``error``; over several processes, the first collective: one process's error
+    (or configs that differ) raises on every one, so that none waits for a peer that quit."""
+    from impala_jax.runtime import checkpoint, distributed, parallel  # here: they import JAX
+
+    if parallel.joined_processes() > 1:
+        distributed.check_same_config(checkpoint.jsonable(config.to_dict()), error)
+    if error is not None:
+        raise error
+
+
 def validate_config(config: Any, field_to_builder: Mapping[str, str]) -> None:
     """Raises one ValueError listing every invalid field of `config`, its value and the fix.
 

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
-from impala_jax.rllib.checks import SETTER_CHECKS, validate_config
+from impala_jax.rllib.checks import SETTER_CHECKS, start_together, validate_config
 from impala_jax.rllib.compat import NotProvided, RLlibBuilders, route
 from impala_jax.rllib.model_config_checks import merge_model_config
 from impala_jax.rllib.module_spec import (
@@ -508,9 +508,12 @@ class IMPALAConfig(RLlibBuilders):
 
     @property
     def total_train_batch_size(self) -> int:
-        """Env steps per update over all learners: per-learner batch * max(1, num_learners)."""
+        """Env steps per update over all learners: per-learner batch * learner devices
+        (num_learners; 0: one, or one of each process over several)."""
         self._resolved("train_batch_size", "train_batch_size_per_learner", "num_learners")
-        return self.train_batch_size_per_learner * max(1, self.num_learners)
+        from impala_jax.runtime.parallel import learner_device_count  # here: it imports JAX
+
+        return self.train_batch_size_per_learner * learner_device_count(self.num_learners)
 
     @property
     def effective_train_batch_size_per_learner(self) -> int:
@@ -525,7 +528,9 @@ class IMPALAConfig(RLlibBuilders):
     @property
     def effective_total_train_batch_size(self) -> int:
         """New env steps per update over all learner devices (replayed ones not counted)."""
-        return self.effective_train_batch_size_per_learner * max(1, self.num_learners)
+        from impala_jax.rllib.specs import batch_layout  # here: specs imports the core (JAX)
+
+        return self.effective_train_batch_size_per_learner * batch_layout(self).num_devices
 
     @property
     def replay_ratio(self) -> float:
@@ -598,6 +603,18 @@ class IMPALAConfig(RLlibBuilders):
 
     def build(self) -> Any:
         """Validates, freezes a copy and returns ``IMPALA(frozen_copy)``."""
+        try:
+            self._check_buildable()
+        except ValueError as err:
+            start_together(self, err)  # over several processes: raised on every one of them
+        self._log_effective_batch()
+        frozen = self.copy(copy_frozen=True)
+        algo_class = self.algo_class
+        if algo_class is None:
+            from impala_jax.rllib.algorithm import IMPALA as algo_class
+        return algo_class(frozen)
+
+    def _check_buildable(self) -> None:
         unresolved = [n for n in _FIELD_TO_BUILDER if find_search_space(self._raw(n))]
         if unresolved:
             raise ValueError(
@@ -610,12 +627,6 @@ class IMPALAConfig(RLlibBuilders):
                 'env=None: no environment is set; call .environment("CartPole-v1") (or another '
                 "gymnasium/envpool id, an env class or a creator function) before build()."
             )
-        self._log_effective_batch()
-        frozen = self.copy(copy_frozen=True)
-        algo_class = self.algo_class
-        if algo_class is None:
-            from impala_jax.rllib.algorithm import IMPALA as algo_class
-        return algo_class(frozen)
 
     def _log_effective_batch(self) -> None:
         """Says once, at INFO, when the batch size was rounded up to whole fragments."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,20 @@ from impala_jax.core.model_config import (
     canonical_initializer,
 )
 from impala_jax.rllib.values import find_search_space, is_int, is_real, is_search_space
+
+
+def _suggest(unknown: list) -> str:
+    """The "did you mean" of each unknown key; every valid key only when none of them
+    is close to a valid one (a list of all of them hides the one meant)."""
+    close = {
+        k: difflib.get_close_matches(str(k), DEFAULT_MODEL_CONFIG, n=3, cutoff=0.6) for k in unknown
+    }
+    if not any(close.values()):
+        return f"valid keys: {sorted(DEFAULT_MODEL_CONFIG)}."
+    return "; ".join(
+        f"{k!r}: did you mean {' or '.join(map(repr, m))}?" if m else f"{k!r}: no key is close."
+        for k, m in close.items()
+    )
 
 
 def merge_model_config(value: Any) -> Any:
@@ -40,10 +55,7 @@ def merge_model_config(value: Any) -> Any:
         )
     unknown = [k for k in value if k not in DEFAULT_MODEL_CONFIG]
     if unknown:
-        raise ValueError(
-            f"model_config has unknown key(s) {unknown}; valid keys: "
-            f"{sorted(DEFAULT_MODEL_CONFIG)}."
-        )
+        raise ValueError(f"model_config has unknown key(s) {unknown}; {_suggest(unknown)}")
     merged = copy.deepcopy(dict(DEFAULT_MODEL_CONFIG))
     merged.update(copy.deepcopy(dict(value)))
     return merged

@@ -9,6 +9,7 @@ import math
 from impala_jax.core.losses import LossSpec
 from impala_jax.core.optim import OptimizerSpec
 from impala_jax.core.update import StepSpec
+from impala_jax.runtime.parallel import learner_device_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,7 +19,7 @@ class BatchLayout:
     fragment_length: int  # T
     columns: int  # new fragments per learner device per update
     replay_columns: int  # replayed fragments mixed in per device (mixin replay)
-    num_devices: int  # learner devices, max(1, num_learners)
+    num_devices: int  # learner devices: num_learners, or 0 for one of each process
 
 
 def batch_layout(config) -> BatchLayout:
@@ -34,7 +35,8 @@ def batch_layout(config) -> BatchLayout:
     if config.replay_proportion > 0 and config.replay_buffer_num_slots > 0:
         # "replayed with a p:1 proportion to new data": p * columns replayed columns per step.
         replay_columns = max(1, round(config.replay_proportion * columns))
-    return BatchLayout(T, columns, replay_columns, max(1, config.num_learners))
+    devices = learner_device_count(config.num_learners)
+    return BatchLayout(T, columns, replay_columns, devices)
 
 
 def optimizer_spec(config) -> OptimizerSpec:

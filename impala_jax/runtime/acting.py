@@ -104,6 +104,13 @@ def use_host_actor(config, actor_device, observation_space, distribution, custom
     return actor_device.platform == "cpu" and macs <= AUTO_MAX_MACS
 
 
+def batch_dtype(dtype) -> np.dtype:
+    """The dtype a batch holds observations in: the one JAX computes with (int64 as int32
+    without x64, e.g. a Discrete observation), so the batch the runners fill and the example
+    the learner compiles for agree."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """The policy's networks and action distribution, and the actor that runs them:
@@ -152,7 +159,7 @@ class Policy:
                 reset=np.zeros((T + 1, B), bool),
             )
         return Trajectory(
-            obs=np.zeros((T + 1, B, *obs_space.shape), obs_space.dtype),
+            obs=np.zeros((T + 1, B, *obs_space.shape), batch_dtype(obs_space.dtype)),
             action=np.zeros((T, B, *action_shape), action_dtype),
             behaviour_logits=np.zeros((T, B, self.networks.dist_size), np.float32),
             reward=np.zeros((T, B), np.float32),

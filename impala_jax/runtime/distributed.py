@@ -2,10 +2,11 @@
 
 Call `initialize` before anything starts JAX's backends (before ``build()``). Each process
 then sees every process's devices in ``jax.devices()``, the learner mesh spans them
-(``learners(num_learners=N)`` counts devices across processes) and the per-device learner step's
-gradient mean runs over all of them. A process puts only its own part of a batch on the mesh
-(``parallel.put``: ``jax.make_array_from_process_local_data``); the learner state is the same
-value on every process.
+(``learners(num_learners=N)`` counts devices across processes; 0 is one device of each
+process: ``parallel.learner_devices``) and the per-device learner step's gradient mean runs
+over all of them. A process puts only its own part of a batch on the mesh (``parallel.put``:
+``jax.make_array_from_process_local_data``); the learner state is the same value on every
+process.
 
 Every process runs its own EnvRunnerGroup (runner threads or lockstep) on a seed block of its
 own (`process_seed_and_key`) and feeds its share of each batch. Before each update the processes
@@ -192,18 +193,6 @@ def process_count() -> int:
 def is_primary() -> bool:
     """Process 0: the one that writes files."""
     return process_index() == 0
-
-
-def local_learner_devices(devices: list, num_learners: int) -> list:
-    """This process's learner devices: its batch columns and its actors' device."""
-    local = [d for d in devices if d.process_index == process_index()]
-    if not local:
-        raise ValueError(
-            f"learners(num_learners={num_learners}) uses none of this process's devices "
-            f"(process {process_index()} of {process_count()}); every process needs a learner "
-            "device: num_learners = the devices of all processes."
-        )
-    return local
 
 
 def process_seed_and_key(seed: int, actor_key):
@@ -510,11 +499,20 @@ PROCESS_0_DECIDES = frozenset(
 )
 
 
-def check_same_config(config: dict) -> None:
-    """Raises ValueError, on every process, when the processes built different configs (a
-    flag or override given to one host only): each field that differs, with every process's
-    value. The processes of one run must build one config."""
-    configs = allgather_json(config, "every process's config")
+def check_same_config(config: dict, error: BaseException | None = None) -> None:
+    """The first collective of a build: raises ValueError, the same on every process, when
+    one could not start (its ``error``: a config error, an env it cannot make: no process then
+    waits for a peer that quit) or the processes built different configs (a flag or override
+    given to one host only: each field that differs, with every process's value)."""
+    report = None if error is None else f"{type(error).__name__}: {error}"
+    reports = allgather_json({"config": config, "error": report}, "every process's config")
+    failed = [(i, r["error"]) for i, r in enumerate(reports) if r["error"] is not None]
+    if failed:
+        raise ValueError(
+            f"process {failed[0][0]} of {len(reports)} could not start, so every process "
+            f"stops: {failed[0][1]}"
+        ) from error
+    configs = [r["config"] for r in reports]
     differ = sorted(
         k
         for k in config

@@ -22,16 +22,43 @@ TIME_MAJOR = P(None, LEARNER_AXIS)  # [T, B, ...]: split B
 LEADING = P(LEARNER_AXIS)  # [N, ...]: split the leading axis
 
 
-def learner_devices(num_learners: int) -> list:
-    """``num_learners`` devices of the default backend; 0 means one local device, as in RLlib."""
-    devices = jax.devices()
+def joined_processes() -> int:
+    """The processes of this run (``runtime.distributed``), known without starting JAX's
+    backends: 1 before ``jax.distributed.initialize``, or without it."""
+    from jax._src import distributed
+
+    state = distributed.global_state
+    return state.num_processes if state.client is not None else 1
+
+
+def learner_device_count(num_learners: int) -> int:
+    """The learner devices ``learners(num_learners=...)`` asks for: N counts devices across
+    processes; 0 (RLlib: the main process is the learner) is one device of each process, so
+    one experiment runs unchanged on one process or several."""
+    return num_learners if num_learners > 0 else joined_processes()
+
+
+def learner_devices(num_learners: int) -> tuple[list, list]:
+    """The learner mesh's devices (`learner_device_count` of them) and this process's own among
+    them (its batch columns; its actors act on the first)."""
+    devices, processes = jax.devices(), jax.process_count()
+    if num_learners == 0 and processes > 1:  # the first device of each process
+        devices = [next(d for d in devices if d.process_index == p) for p in range(processes)]
     n = max(1, num_learners)
     if n > len(devices):
         raise ValueError(
             f"learners(num_learners={num_learners}) needs {n} devices but only {len(devices)} "
             f"are present ({devices[0].platform}); use num_learners<={len(devices)}."
         )
-    return devices[:n]
+    devices = devices if num_learners == 0 and processes > 1 else devices[:n]
+    local = [d for d in devices if d.process_index == jax.process_index()]
+    if not local:
+        raise ValueError(
+            f"learners(num_learners={num_learners}) uses none of this process's devices "
+            f"(process {jax.process_index()} of {jax.process_count()}); every process needs a "
+            "learner device: num_learners = the devices of all processes, or 0 (one each)."
+        )
+    return devices, local
 
 
 def make_mesh(devices: Sequence) -> Mesh:
