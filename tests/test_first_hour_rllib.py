@@ -19,6 +19,7 @@ import pytest
 
 from impala_jax import IMPALAConfig
 from impala_jax.rllib import algorithm
+from impala_jax.runtime import jax_setup
 from tests.test_distributed import REPO, _env, _free_port, _kill, _start, _wait
 
 
@@ -168,7 +169,7 @@ def jax_cache_settings():
 def test_build_keeps_compiled_programs_in_the_cache_folder(
     tmp_path, monkeypatch, jax_cache_settings
 ):
-    monkeypatch.setenv(algorithm.COMPILE_CACHE_ENV, str(tmp_path / "xla"))
+    monkeypatch.setenv(jax_setup.COMPILE_CACHE_ENV, str(tmp_path / "xla"))
     jax.config.update("jax_compilation_cache_dir", None)
     with _small().build():
         pass
@@ -178,16 +179,16 @@ def test_build_keeps_compiled_programs_in_the_cache_folder(
 
 @pytest.mark.parametrize("off", ["none", "off", "", "OFF"])
 def test_the_compile_cache_variable_turns_it_off(off, monkeypatch, jax_cache_settings):
-    monkeypatch.setenv(algorithm.COMPILE_CACHE_ENV, off)
+    monkeypatch.setenv(jax_setup.COMPILE_CACHE_ENV, off)
     jax.config.update("jax_compilation_cache_dir", None)
-    algorithm.use_compile_cache()
+    jax_setup.use_compile_cache()
     assert jax.config.values["jax_compilation_cache_dir"] is None
 
 
 def test_a_cache_configured_in_jax_is_left_alone(tmp_path, monkeypatch, jax_cache_settings):
-    monkeypatch.setenv(algorithm.COMPILE_CACHE_ENV, str(tmp_path / "ours"))
+    monkeypatch.setenv(jax_setup.COMPILE_CACHE_ENV, str(tmp_path / "ours"))
     jax.config.update("jax_compilation_cache_dir", str(tmp_path / "theirs"))
-    algorithm.use_compile_cache()
+    jax_setup.use_compile_cache()
     assert jax.config.values["jax_compilation_cache_dir"] == str(tmp_path / "theirs")
 
 

@@ -204,6 +204,7 @@ def trial_jax_environment(gpus: float, num_learners: int) -> None:
     memory is allocated on demand (``XLA_PYTHON_CLIENT_PREALLOCATE=false``).
     """
     from impala_jax.runtime.jax_setup import (
+        COMPILE_CACHE_ENV,
         DEFAULT_COMPILE_CACHE,
         enable_compile_cache,
         jax_started,
@@ -228,7 +229,7 @@ def trial_jax_environment(gpus: float, num_learners: int) -> None:
         if gpu_ids:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    enable_compile_cache(os.environ.get("IMPALA_JAX_COMPILE_CACHE", DEFAULT_COMPILE_CACHE))
+    enable_compile_cache(os.environ.get(COMPILE_CACHE_ENV, DEFAULT_COMPILE_CACHE))
 
 
 def register() -> None:

@@ -29,9 +29,16 @@ def jax_started() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
+# The folder of the persistent compilation cache for build(), the command line's and Tune's
+# trials; one of COMPILE_CACHE_OFF turns it off.
+COMPILE_CACHE_ENV = "IMPALA_JAX_COMPILE_CACHE"
+COMPILE_CACHE_OFF = ("", "none", "off")
+
+
 def enable_compile_cache(directory: str) -> None:
-    """Caches every compiled program on disk (the actor's act, the learner step)."""
-    if directory.lower() == "none":
+    """Caches every compiled program on disk (the actor's act, the learner step) in
+    `directory`; one of COMPILE_CACHE_OFF (any case) leaves it off."""
+    if directory.strip().lower() in COMPILE_CACHE_OFF:
         return
     import jax
 
@@ -39,6 +46,16 @@ def enable_compile_cache(directory: str) -> None:
     # The default thresholds skip programs that compile in under a second: cache them all.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def use_compile_cache() -> None:
+    """Keeps compiled programs on disk for the next process, as the command line does: in
+    ``IMPALA_JAX_COMPILE_CACHE``'s folder (default ``~/.cache/impala_jax/xla``), off when that
+    is ``none``, ``off`` or empty. A cache configured in JAX itself is left as it is."""
+    import jax
+
+    if not jax.config.values.get("jax_compilation_cache_dir"):
+        enable_compile_cache(os.environ.get(COMPILE_CACHE_ENV, DEFAULT_COMPILE_CACHE))
 
 
 def initialize_lapack() -> None:
