@@ -5,20 +5,27 @@ not part of ``make bench``: it takes as long as it says. During the run:
 
 - every ``--kill-every`` seconds (30) one runner thread is broken (its env's ``send`` raises), so
   fault tolerance replaces it;
-- every ``--nan-every`` seconds (60) one learner update gets a batch whose rewards are NaN, which
-  the non-finite guard must skip (counted in ``num_non_finite_updates``);
+- every ``--nan-every`` seconds (60) one env returns a NaN reward once, as a broken env would: the
+  runners' fragment door must drop that one fragment (``fault_tolerance/
+  num_non_finite_fragments_dropped``) and no update may be skipped; ``--nan-into learner``
+  instead hands one learner update a NaN-reward batch past the door, which the last line, the
+  gradient guard, must skip (``num_non_finite_updates``) without keeping it in replay;
 - a checkpoint after every iteration (the newest 3 kept), each read back at once: an unreadable
   one is counted, never expected.
 
-Reported (``results/soak.json``): the return and RSS over time, peak RSS and thread count sampled
-every iteration with their least-squares slopes per minute over the second half of the run (after
-warm-up), restarts, skipped NaN updates, checkpoints written and unreadable.
+Reported (``results/soak.json`` and printed): the return over the run (one line per ``--every``
+seconds), RSS and thread count sampled every iteration with their least-squares slopes per
+minute over the second half of the run (after warm-up), each fault's count (injected, restarts,
+fragments dropped), the skipped updates per injected NaN, checkpoints written and unreadable.
+The exit status is 1, with a ``SOAK FAILED`` line, when the mean return of the last minute is
+below ``--min-return-fraction`` (0.9) of the best.
 """
 
 from __future__ import annotations
 
 import resource
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -63,6 +70,28 @@ def _break_a_runner(algo) -> bool:
     return True
 
 
+def _poison_next_step(algo) -> bool:
+    """One env of a live runner returns a NaN reward at its next step (once), as a broken env
+    would: the fragment door must drop that fragment."""
+    import numpy as np
+
+    runners = [r for r in algo.env_runner_group.runners if r.groups]
+    if not runners:
+        return False
+    env = runners[-1].groups[0].env
+    real = env.recv
+
+    def recv():
+        del env.recv  # the class's own again
+        obs, reward, terminated, truncated = real()
+        reward = np.array(reward, np.float32)
+        reward[0] = np.nan
+        return obs, reward, terminated, truncated
+
+    env.recv = recv
+    return True
+
+
 def _poison_next_update(learner) -> None:
     """The next update's batch carries NaN rewards (once)."""
     import jax.numpy as jnp
@@ -76,8 +105,15 @@ def _poison_next_update(learner) -> None:
     learner.update = update
 
 
-def run(minutes: float, kill_every: float, nan_every: float, checkpoints: bool = True) -> dict:
-    """``kill_every`` / ``nan_every`` <= 0 turn that fault off; ``checkpoints`` the saves."""
+def run(
+    minutes: float,
+    kill_every: float,
+    nan_every: float,
+    checkpoints: bool = True,
+    nan_into: str = "env",
+) -> dict:
+    """``kill_every`` / ``nan_every`` <= 0 turn that fault off; ``checkpoints`` the saves;
+    ``nan_into``: "env" (through the runners' door) or "learner" (past it)."""
     from impala_jax.runtime import checkpoint
 
     config = (
@@ -100,8 +136,11 @@ def run(minutes: float, kill_every: float, nan_every: float, checkpoints: bool =
                     kills += _break_a_runner(algo)
                     next_kill = now + kill_every
                 if now >= next_nan:
-                    _poison_next_update(algo.learner)
-                    poisons += 1
+                    if nan_into == "learner":
+                        _poison_next_update(algo.learner)
+                        poisons += 1
+                    else:
+                        poisons += _poison_next_step(algo)
                     next_nan = now + nan_every
                 result = algo.train()
                 t = time.monotonic() - started
@@ -129,8 +168,14 @@ def run(minutes: float, kill_every: float, nan_every: float, checkpoints: bool =
         "env_steps": result["num_env_steps_sampled_lifetime"],
         "runner_kills": kills,
         "runner_restarts": ft["num_remote_worker_restarts"],
-        "nan_batches_injected": poisons,
+        "nan_injected_into": nan_into,
+        "nan_injected": poisons,
+        "non_finite_fragments_dropped": ft["num_non_finite_fragments_dropped"],
+        "non_finite_fragments_by_env": ft["non_finite_fragments_by_env"],
         "non_finite_updates_skipped": learner["num_non_finite_updates"],
+        "skipped_updates_per_injected_nan": (
+            learner["num_non_finite_updates"] / poisons if poisons else None
+        ),
         "checkpoints_written": written,
         "checkpoints_unreadable": unreadable,
         "return_best": max(finite) if finite else None,
@@ -151,13 +196,25 @@ def main(argv=None) -> dict:
         argv,
         __doc__.split("\n")[0],
         minutes={"type": float, "default": 20.0, "help": "how long to run (default 20)"},
+        nan_into={
+            "default": "env",
+            "choices": ["env", "learner"],
+            "help": "NaN through an env (the door drops it) or into a learner update (the "
+            "gradient guard skips it)",
+        },
+        min_return_fraction={
+            "type": float,
+            "default": 0.9,
+            "help": "fail when the last minute's mean return is below this share of the best",
+        },
+        every={"type": float, "default": 30.0, "help": "seconds between printed return lines"},
         kill_every={"type": float, "default": 30.0, "help": "seconds between runner kills"},
         nan_every={"type": float, "default": 60.0, "help": "seconds between NaN batches"},
         no_checkpoints={"action": "store_true", "help": "no checkpoint per iteration"},
         name={"default": "soak", "help": "result name"},
     )
     minutes = 2.0 if args.quick else args.minutes
-    payload = run(minutes, args.kill_every, args.nan_every, not args.no_checkpoints)
+    payload = run(minutes, args.kill_every, args.nan_every, not args.no_checkpoints, args.nan_into)
     payload["faults"] = {
         "kill_every_s": args.kill_every,
         "nan_every_s": args.nan_every,
@@ -165,8 +222,28 @@ def main(argv=None) -> dict:
     }
     rows = [[k, v] for k, v in payload.items() if k not in ("returns", "rss_mib")]
     print(common.table(rows, ["soak", "value"]))
+    print(_return_lines(payload["returns"], args.every))
     common.write_result(args.name, payload, args.quick)
+    best, last = payload["return_best"], payload["return_mean_last_minute"]
+    if best is None or last is None or last < args.min_return_fraction * best:
+        print(
+            f"SOAK FAILED: the last minute's mean return {last} is below "
+            f"{args.min_return_fraction:g} x the best {best}: the policy did not stay learned."
+        )
+        sys.exit(1)
     return payload
+
+
+def _return_lines(returns: list, every: float) -> str:
+    """The return over the run: the mean of each ``every``-second window, one line each."""
+    windows: dict[int, list[float]] = {}
+    for t, r in returns:
+        if r == r:
+            windows.setdefault(int(t // every), []).append(r)
+    return "\n".join(
+        f"return {k * every:6.0f}-{(k + 1) * every:.0f} s: {sum(v) / len(v):7.1f}"
+        for k, v in sorted(windows.items())
+    )
 
 
 if __name__ == "__main__":

@@ -74,9 +74,20 @@ def _permutations(key, rows: int, n: int) -> jax.Array:
     return jax.lax.sort((hi, lo, iota), dimension=1, num_keys=2)[2]
 
 
+def finite_columns(batch: Batch) -> jax.Array:
+    """bool ``[B]``: whether every floating-point value of a column is finite (time-major fields,
+    a recurrent ``core_state`` ``[K, B, ...]`` too)."""
+    ok = jnp.ones(batch.reward.shape[1], bool)
+    for x in jax.tree.leaves(batch):
+        if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim >= 2:
+            ok &= jnp.all(jnp.isfinite(x).reshape(x.shape[0], x.shape[1], -1), axis=(0, 2))
+    return ok
+
+
 def mix_replay(batch: Batch, replay: Replay, step_spec: StepSpec) -> tuple[Batch, Replay]:
     """Appends ``replay_columns`` columns drawn uniformly from the filled slots (as they were
-    before this batch), then writes the new columns into the ring of slots (per device).
+    before this batch), then writes the new columns into the ring of slots (per device); a
+    column holding a non-finite value leaves its slot's old column there instead.
 
     Its cost is O(batch), not O(slots): see the comment on the write."""
     key, sample_key = jax.random.split(jax.random.wrap_key_data(replay.key[0]))
@@ -91,13 +102,15 @@ def mix_replay(batch: Batch, replay: Replay, step_spec: StepSpec) -> tuple[Batch
     # an operand (a dependency XLA keeps: `count >= 0` always holds, but it cannot know), and a
     # draw that lands on an overwritten slot takes the saved column.
     overwritten = jax.tree.map(lambda buf: buf[pos], replay.data)
-    keep = count >= 0
-    data = jax.tree.map(
-        lambda buf, x, old: buf.at[pos].set(jnp.where(keep, _time_major(x)[-n_insert:], old)),
-        replay.data,
-        batch,
-        overwritten,
-    )
+    # A column with a non-finite value is not kept: every later update that drew it would be
+    # dropped whole by the optimizer's guard, long after the batch that brought it.
+    keep = (count >= 0) & finite_columns(batch)[-n_insert:]
+
+    def write(buf, x, old):
+        new = _time_major(x)[-n_insert:]
+        return buf.at[pos].set(jnp.where(keep.reshape(-1, *([1] * (new.ndim - 1))), new, old))
+
+    data = jax.tree.map(write, replay.data, batch, overwritten)
     ahead = (idx - count) % slots  # j where idx = pos[j] (when below n_insert)
     saved = ahead < n_insert
     row = jnp.minimum(ahead, n_insert - 1)

@@ -31,7 +31,7 @@ from impala_jax.runtime.callbacks import Callbacks, UserCodeError
 from impala_jax.runtime.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from impala_jax.runtime.evaluation import Evaluator
 from impala_jax.runtime.host_actor import hold_one_blas_thread, release_blas_threads
-from impala_jax.runtime.jax_setup import DEFAULT_COMPILE_CACHE, enable_compile_cache
+from impala_jax.runtime.jax_setup import use_compile_cache
 from impala_jax.runtime.learner import Learner
 from impala_jax.runtime.metrics import (
     EpisodeStats,
@@ -53,23 +53,6 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 def _stop_live_algorithms() -> None:
     for algo in list(_LIVE):
         algo.stop()
-
-
-# The folder of build()'s persistent compilation cache, as of the command line's and Tune's
-# trials; one of COMPILE_CACHE_OFF turns it off.
-COMPILE_CACHE_ENV = "IMPALA_JAX_COMPILE_CACHE"
-COMPILE_CACHE_OFF = ("", "none", "off")
-
-
-def use_compile_cache() -> None:
-    """Keeps compiled programs on disk for the next process, as the command line does: in
-    ``IMPALA_JAX_COMPILE_CACHE``'s folder (default ``~/.cache/impala_jax/xla``), off when that
-    is ``none``, ``off`` or empty. A cache configured in JAX itself is left as it is."""
-    if jax.config.values.get("jax_compilation_cache_dir"):
-        return
-    directory = os.environ.get(COMPILE_CACHE_ENV, DEFAULT_COMPILE_CACHE).strip()
-    if directory.lower() not in COMPILE_CACHE_OFF:
-        enable_compile_cache(directory)
 
 
 class IMPALA(Checkpointable):
@@ -225,6 +208,7 @@ class IMPALA(Checkpointable):
         self._env_steps_trained = 0
         self._num_updates = 0
         self._checks = diagnostics.TrainingChecks()  # the learner warnings, once per build
+        self._dead_policy = diagnostics.DeadPolicyCheck()  # reported once per build
         self._last_lag: list = []
         self._last_learner_metrics: dict = {}
         self._iterations_since_restore = 0  # Tune's bookkeeping keys, as RLlib's results have
@@ -372,6 +356,10 @@ class IMPALA(Checkpointable):
         self._iteration += 1
         self._time_total += elapsed
         result = self._result(elapsed, sampled0, trained0, learner, num_steps)
+        returned = result["env_runners"].get("episode_return_mean")
+        message = self._dead_policy.message(learner, returned, cfg)
+        if message:
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
         return deep_merge(result, self.metrics.reduce())  # what the algorithm's hooks logged
 
     def _result(

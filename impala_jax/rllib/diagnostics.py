@@ -1,6 +1,7 @@
 """What ``train()`` says about the learner's updates: non-finite gradients, stalled steps,
-RMSProp's warm-up and a blind encoder. Each check reads the iteration's learner metrics (host
-floats) and returns its message, or None; `TrainingChecks` runs them as ``train()`` does."""
+RMSProp's warm-up, a blind encoder and a dead policy. Each check reads the iteration's learner
+metrics (host floats) and returns its message, or None; `TrainingChecks` runs them as
+``train()`` does, and `DeadPolicyCheck` with the iteration's return."""
 
 from __future__ import annotations
 
@@ -147,3 +148,54 @@ class TrainingChecks:
                 self.blind_warned = True
                 messages.append(message)
         return messages
+
+
+# A dead policy: the entropy below this share of its maximum ...
+DEAD_ENTROPY_FRACTION = 0.01
+# ... while the return is below this share of the best seen (smoothed, as the results report it)
+DEAD_RETURN_FRACTION = 0.5
+# ... for this many iterations in a row, the entropy not rising meanwhile (updates no longer
+# move the policy out of it).
+DEAD_POLICY_ITERATIONS = 5
+
+
+class DeadPolicyCheck:
+    """Reports, once, a policy that has collapsed onto one action and stays there: its entropy
+    near 0 while the return has fallen far below its best, for DEAD_POLICY_ITERATIONS
+    iterations in a row without the entropy rising. Nothing samples the other actions any
+    more and a saturated softmax passes almost no gradient, so it does not recover alone."""
+
+    def __init__(self):
+        self.best_return = -math.inf
+        self.warned = False
+        self._run: list[float] = []  # entropy fractions of the iterations in a row so far
+
+    def message(self, learner: dict, episode_return: float | None, config) -> str | None:
+        if self.warned or episode_return is None or not math.isfinite(episode_return):
+            return None
+        self.best_return = max(self.best_return, episode_return)
+        fraction = learner.get("entropy_fraction_of_max")
+        fallen = episode_return < DEAD_RETURN_FRACTION * self.best_return
+        # A positive best only: a task whose returns are all negative has no "far below".
+        if fraction is None or not self.best_return > 0 or not fallen:
+            self._run = []
+            return None
+        if not fraction < DEAD_ENTROPY_FRACTION or (self._run and fraction > 2 * self._run[0]):
+            self._run = []
+            return None
+        self._run.append(fraction)
+        if len(self._run) < DEAD_POLICY_ITERATIONS:
+            return None
+        self.warned = True
+        coeff = config.entropy_coeff
+        return (
+            f"The policy has collapsed: its entropy is {fraction:.2g} of the maximum for the "
+            f"last {DEAD_POLICY_ITERATIONS} iterations while the return fell to "
+            f"{episode_return:.4g} from a best of {self.best_return:.4g}. It takes (nearly) one "
+            "action everywhere: the others are no longer sampled and a saturated softmax passes "
+            "almost no gradient, so the updates no longer move it and it will not recover "
+            f"alone. Causes: nothing keeps the policy stochastic (entropy_coeff={coeff!r}) and "
+            "updates large enough to saturate it. Fixes: training(entropy_coeff=...) above 0 "
+            "(e.g. 0.01, or a schedule that ends above 0), a smaller training(lr=...) or a "
+            "schedule that anneals it; restore an earlier checkpoint to go on."
+        )

@@ -17,6 +17,67 @@ import numpy as np
 from impala_jax.core.types import Trajectory
 from impala_jax.runtime.metrics import Timers
 
+# An env group whose fragments held a non-finite value this many times in a row has a broken
+# env, not an unlucky step: its runner stops with an error instead of dropping more.
+MAX_DROPPED_IN_A_ROW = 10
+# How the door names a non-finite field, in the order it reports them.
+_FIELD_NAMES = {"obs": "observation", "reward": "reward", "behaviour_logits": "behaviour output"}
+
+
+def non_finite_columns(traj: Trajectory) -> dict[str, np.ndarray]:
+    """Each floating-point field of a fragment that holds a non-finite value -> bool ``[B]``,
+    the columns (envs) holding one; empty for a fragment the learner can train on."""
+    out: dict[str, np.ndarray] = {}
+    for name, value in traj._asdict().items():
+        for x in jax.tree.leaves(value):
+            x = np.asarray(x)
+            if x.dtype.kind != "f" or x.ndim < 2:  # param_version [B] and integer obs pass
+                continue
+            bad = ~np.isfinite(x.reshape(x.shape[0], x.shape[1], -1)).all(axis=(0, 2))
+            if bad.any():
+                out[name] = out[name] | bad if name in out else bad
+    return out
+
+
+class FragmentDoor:
+    """Where a runner's fragments enter: one holding a non-finite observation, reward or
+    behaviour output is dropped before any batch is cut or replay slot written, and counted
+    with the envs that produced it. The learner's batch then fills from the next fragments, so
+    its size (and the compiled step) stay the same."""
+
+    def __init__(self, num_groups: int):
+        self.num_dropped = 0
+        self.by_env: dict[int, int] = {}  # env (its column in the runner) -> fragments dropped
+        self._in_a_row = [0] * num_groups
+        self._last: tuple[str, np.ndarray] | None = None  # (field, values) of the last drop
+
+    def admit(self, traj: Trajectory, group: int, offset: int) -> bool:
+        """True for a finite fragment of env group ``group``; else counts it against its envs
+        (``offset`` + column) and returns False."""
+        bad = non_finite_columns(traj)
+        if not bad:
+            self._in_a_row[group] = 0
+            return True
+        self.num_dropped += 1
+        self._in_a_row[group] += 1
+        for column in np.flatnonzero(np.logical_or.reduce(list(bad.values()))):
+            env = offset + int(column)
+            self.by_env[env] = self.by_env.get(env, 0) + 1
+        name = next(n for n in (*_FIELD_NAMES, *bad) if n in bad)
+        self._last = (name, getattr(traj, name))
+        return False
+
+    def hopeless(self, group: int) -> str | None:
+        """What the last MAX_DROPPED_IN_A_ROW dropped fragments of ``group`` held ("reward
+        nan"), once there were that many in a row; else None."""
+        if self._in_a_row[group] < MAX_DROPPED_IN_A_ROW or self._last is None:
+            return None
+        name, values = self._last
+        what = _FIELD_NAMES.get(name, f"{name} value")
+        if name == "reward":
+            what += f" {values[~np.isfinite(values)][0]}"
+        return what
+
 
 class LearnerQueueTimeout(RuntimeError):
     pass

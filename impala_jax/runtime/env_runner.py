@@ -28,6 +28,7 @@ import numpy as np
 
 from impala_jax.core.policy import initial_carry
 from impala_jax.core.types import Trajectory
+from impala_jax.runtime.buffers import MAX_DROPPED_IN_A_ROW, FragmentDoor
 from impala_jax.runtime.callbacks import EpisodeCallbacks, UserCodeError
 from impala_jax.runtime.host_actor import HostActor, no_gil_yield
 from impala_jax.runtime.metrics import Timers
@@ -112,29 +113,16 @@ class EnvOutputError(ValueError):
     """An env returned something impala_jax cannot train on; restarting will not help."""
 
 
-def check_env_output(env: VecEnv, obs: np.ndarray, reward, runner: int, finite: bool) -> None:
-    """Raises EnvOutputError unless the observations have the space's shape and, when
-    ``finite`` (not ``disable_env_checking``), observations and rewards are finite.
-    ``reward`` is None for the reset observations."""
+def check_env_output(env: VecEnv, obs: np.ndarray, reward, runner: int) -> None:
+    """Raises EnvOutputError unless the observations have the space's shape (non-finite values
+    meet the fragment door, buffers.FragmentDoor). ``reward`` is None for the reset
+    observations."""
     space = env.observation_space
     if obs.shape[1:] != space.shape:
         raise EnvOutputError(
             f"env {env.name!r} (EnvRunner {runner}) returned observations of shape "
             f"{obs.shape[1:]}, but its observation space {space} says {space.shape}; fix "
             "the env or its observation_space."
-        )
-    if not finite:
-        return
-    if obs.dtype.kind == "f" and not np.isfinite(obs).all():
-        raise EnvOutputError(
-            f"env {env.name!r} (EnvRunner {runner}) returned a non-finite observation; "
-            "fix the env, or allow it with environment(disable_env_checking=True)."
-        )
-    if reward is not None and not np.isfinite(reward).all():
-        raise EnvOutputError(
-            f"env {env.name!r} (EnvRunner {runner}) returned a non-finite reward "
-            f"{reward[~np.isfinite(reward)][0]}; fix the env, or allow it with "
-            "environment(disable_env_checking=True)."
         )
 
 
@@ -299,6 +287,9 @@ class EnvRunner:
         self.heartbeat = time.monotonic()
         num_envs = num_envs or config.num_envs_per_env_runner
         self._sizes = self.group_sizes(num_envs)
+        # Fragments with a non-finite value stop here, counted per env (disable_env_checking:
+        # they pass, and the learner's gradient guard is the last line).
+        self.door = FragmentDoor(len(self._sizes))
         self.groups: list[EnvGroup] = []
         self._key = actor_key(seed, param_store.get()[0], act)
         # A NumPy actor reads the params on the host, so it would wait for the learner step
@@ -346,7 +337,7 @@ class EnvRunner:
             adapter = ActionAdapter(
                 env.action_space, config.normalize_actions, config.clip_actions, env.name
             )
-            check = functools.partial(check_env_output, runner=self.index, finite=self._check)
+            check = functools.partial(check_env_output, runner=self.index)
             self.groups.append(EnvGroup(env, adapter, self._act, self._act_greedy, check))
             offset += size
         # envpool releases the GIL while it steps: a NumPy actor need not yield it as well.
@@ -399,7 +390,10 @@ class EnvRunner:
             n = g.env.num_envs
             bufs.append(
                 dict(
-                    obs=np.empty((T + 1, n, *g.obs.shape[1:]), g.obs.dtype),
+                    # The dtype JAX computes with, as the learner's example batch has it.
+                    obs=np.empty(
+                        (T + 1, n, *g.obs.shape[1:]), jax.dtypes.canonicalize_dtype(g.obs.dtype)
+                    ),
                     reward=np.empty((T, n), np.float32),
                     terminated=np.empty((T, n), bool),
                     truncated=np.empty((T, n), bool),
@@ -438,16 +432,34 @@ class EnvRunner:
                 buf["terminated"][t] = terminated
                 buf["truncated"][t] = truncated
         out = []
-        for g, buf in zip(self.groups, bufs, strict=True):
+        offset = 0
+        for i, (g, buf) in enumerate(zip(self.groups, bufs, strict=True)):
             buf["obs"][T] = g.obs
             if rec is not None:
                 self._record_carry(g, buf, T)
                 buf["core_state"] = jax.tree.map(lambda *xs: np.stack(xs), *buf["core_state"])
             n = g.env.num_envs
-            out.append(Trajectory(param_version=np.full(n, version, np.int32), **buf))
+            traj = Trajectory(param_version=np.full(n, version, np.int32), **buf)
             self.env_steps += T * n
+            if self._admit(traj, i, offset):
+                out.append(traj)
+            offset += n
         self.heartbeat = time.monotonic()
         return out
+
+    def _admit(self, traj: Trajectory, group: int, offset: int) -> bool:
+        """Whether the fragment passes the door; EnvOutputError once one env group's were
+        dropped MAX_DROPPED_IN_A_ROW times in a row (a broken env, not an unlucky step)."""
+        if not self._check or self.door.admit(traj, group, offset):
+            return True
+        what = self.door.hopeless(group)
+        if what is None:
+            return False
+        raise EnvOutputError(
+            f"env {self.groups[group].env.name!r} (EnvRunner {self.index}) returned a "
+            f"non-finite {what} in {MAX_DROPPED_IN_A_ROW} fragments in a row (each dropped); fix "
+            "the env, or allow it with environment(disable_env_checking=True)."
+        )
 
     def _recurrent_buffers(self, g: EnvGroup, buf: dict) -> None:
         T, n = self.T, g.env.num_envs

@@ -124,6 +124,8 @@ class EnvRunnerGroup:
         self._env_steps_sampled_base = 0  # steps of runners that left, and of restored runs
         self._num_env_restarts_base = 0
         self._num_dropped_episodes_base = 0
+        self._num_dropped_fragments_base = 0
+        self._dropped_fragments_base: dict[tuple[int, int], int] = {}  # (runner, env) -> count
         self._last_failure: RunnerThread | None = None
         self._failed: dict[int, RunnerThread] = {}  # runner slot -> its last failed thread
         self._exiting: list[RunnerThread] = []  # abandoned threads not finished yet
@@ -424,6 +426,10 @@ class EnvRunnerGroup:
             sum(np.count_nonzero(g.episode_len) for g in runner.groups)
         )
         self._retired_episodes.extend(runner.episodes.drain())
+        for env, count in runner.door.by_env.items():
+            key = (runner.index, env)
+            self._dropped_fragments_base[key] = self._dropped_fragments_base.get(key, 0) + count
+        self._num_dropped_fragments_base += runner.door.num_dropped
 
     def _raise_failure(self, thread: RunnerThread | None, why: str) -> None:
         self.stop()
@@ -472,8 +478,27 @@ class EnvRunnerGroup:
     def queue_size(self) -> int:
         return self._queue.qsize() if self._queue else 0
 
+    def num_dropped_fragments(self) -> int:
+        """Fragments the runners' door dropped for a non-finite value, retired runners' too."""
+        live = sum(r.door.num_dropped for r in self.runners)
+        return self._num_dropped_fragments_base + live
+
+    def dropped_fragments_by_env(self) -> dict:
+        """``{"runner_<i>": {"env_<j>": count}}``: in how many dropped fragments each env (its
+        column in runner slot i) held a non-finite value."""
+        counts = dict(self._dropped_fragments_base)
+        for runner in self.runners:
+            for env, count in runner.door.by_env.items():
+                counts[(runner.index, env)] = counts.get((runner.index, env), 0) + count
+        out: dict = {}
+        for (runner, env), count in sorted(counts.items()):
+            out.setdefault(f"runner_{runner}", {})[f"env_{env}"] = count
+        return out
+
     def fault_tolerance_metrics(self) -> dict:
         return {
+            "num_non_finite_fragments_dropped": self.num_dropped_fragments(),
+            "non_finite_fragments_by_env": self.dropped_fragments_by_env(),
             "num_healthy_workers": sum(
                 t.is_alive() and t.error is None for t in self._threads.values()
             ),
