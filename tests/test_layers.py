@@ -209,3 +209,25 @@ def test_importing_the_package_imports_neither_jax_nor_ray():
 @pytest.mark.parametrize("layer", LAYERS[:-1])
 def test_each_layer_is_a_folder(layer):
     assert (PACKAGE / layer / "__init__.py").is_file()
+
+
+# A module that grows past this usually holds two jobs; rllib/config.py is the field table.
+MAX_MODULE_LINES = 600
+LONG_MODULES_ALLOWED = {"impala_jax.rllib.config"}
+MAX_FUNCTION_LINES = 100
+LONG_FUNCTIONS_ALLOWED = 2
+
+
+def test_modules_and_functions_stay_readable_in_size():
+    long_modules, long_functions = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path, PACKAGE)
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES and module not in LONG_MODULES_ALLOWED:
+            long_modules.append(module)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{module}.{node.name}")
+    assert long_modules == []
+    assert len(long_functions) <= LONG_FUNCTIONS_ALLOWED, long_functions
