@@ -46,8 +46,9 @@ notebook: $(NOTEBOOK_STAMP)
 test: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# The tests `make test` leaves out: learning runs, Tune and Ray clusters, two-process runs.
 test-slow: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m slow
 
 bench: install
 	$(BYTECODE)

@@ -64,11 +64,15 @@ def test_aggregator_threads_stack_what_loader_threads_copy():
 def test_aggregators_in_a_run_and_not_in_lockstep():
     from tests.test_algorithm import small_config
 
-    config = small_config(num_env_runners=1).learners(num_aggregator_actors_per_learner=2)
+    config = small_config(num_env_runners=1).learners(
+        num_aggregator_actors_per_learner=2, max_requests_in_flight_per_aggregator_actor=3
+    )
     with config.build() as algo:
         result = algo.train()
         names = {t.name for t in threading.enumerate()}
         assert {"aggregator-0", "aggregator-1"} <= names
+        # At most 3 stacked batches queued per aggregator thread.
+        assert algo.env_runner_group._loader._stacked.maxsize == 2 * 3
     assert result["num_env_steps_trained_lifetime"] == 64
     with pytest.raises(ValueError, match="num_aggregator_actors_per_learner"):
         small_config().learners(num_aggregator_actors_per_learner=1).validate()

@@ -9,18 +9,15 @@ import json
 import re
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
 from impala_jax import IMPALAConfig, NotProvided
 from impala_jax.rllib.config import DEFAULT_MODEL_CONFIG
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared/reference/rllib_impala_defaults.md"
-
-# The tables of the reference (RLlib 2.60's measured keywords and fresh values), used when the
-# reference file is not present next to the checkout.
-EMBEDDED_TABLES = """
+# RLlib 2.60's builder keywords and the values a fresh RLlib IMPALAConfig() holds
+# (test_tables_are_the_installed_rllibs_defaults checks them against the installed ray).
+RLLIB_TABLES = """
 ## .training()
 | `vtrace` | `true` |
 | `vtrace_clip_rho_threshold` | `1.0` |
@@ -186,7 +183,7 @@ def _parse_tables(text: str) -> dict[str, dict[str, object]]:
     return tables
 
 
-TABLES = _parse_tables(REFERENCE.read_text() if REFERENCE.exists() else EMBEDDED_TABLES)
+TABLES = _parse_tables(RLLIB_TABLES)
 BUILDER_KEYWORDS = [
     (s, k, v) for s, t in TABLES.items() if s != "model_config" for k, v in t.items()
 ]
@@ -199,9 +196,62 @@ def test_reference_tables_parsed():
     assert TABLES["training"]["lr"] == 0.0005 and TABLES["environment"]["env_config"] == {}
 
 
-@pytest.mark.skipif(not REFERENCE.exists(), reason="the reference file is not checked out")
-def test_embedded_fallback_matches_reference():
-    assert _parse_tables(EMBEDDED_TABLES) == TABLES
+# impala_jax's to_dict() keys that RLlib's to_dict() stores under another name.
+RLLIB_KEY = {
+    "model_config": "_model_config",
+    "is_atari": "_is_atari",
+    "learner_class": "_learner_class",
+    "rl_module_spec": "_rl_module_spec",
+    "train_batch_size_per_learner": "_train_batch_size_per_learner",
+    "custom_evaluation_function": "custom_eval_function",
+    "callbacks_class": "callbacks",
+}
+# Fields whose fresh value differs from RLlib's on purpose (README "Differences from RLlib",
+# docs/config.md): impala_jax's value, and RLlib's.
+DIFFERENT_DEFAULTS = {
+    "framework": ("jax", "torch"),
+    "model_config": (dict(DEFAULT_MODEL_CONFIG), {}),
+    "callbacks_class": (None, "ray.rllib.callbacks.callbacks.RLlibCallback"),
+}
+# impala_jax's own fields (docs/config.md), which RLlib does not have.
+OWN_FIELDS = {"loss_reduction", "inference_backend", "rmsprop_initial_scale"}
+
+
+@pytest.fixture(scope="module")
+def rllib_fresh() -> dict:
+    """A fresh RLlib IMPALAConfig().to_dict() of the installed ray (a test dependency)."""
+    from ray.rllib.algorithms.impala import IMPALAConfig as RLlibIMPALAConfig
+
+    return RLlibIMPALAConfig().to_dict()
+
+
+def _rllib_value(rllib_fresh: dict, key: str):
+    key = RLLIB_KEY.get(key, f"callbacks_{key}" if key.startswith("on_") else key)
+    value = rllib_fresh[key]
+    return f"{value.__module__}.{value.__qualname__}" if isinstance(value, type) else value
+
+
+def test_tables_are_the_installed_rllibs_defaults(rllib_fresh):
+    for builder, keyword, fresh in BUILDER_KEYWORDS:
+        assert _rllib_value(rllib_fresh, keyword) == fresh, (builder, keyword)
+
+
+def test_every_default_is_the_installed_rllibs(rllib_fresh):
+    """Field by field: every to_dict() value of a fresh config is RLlib's, except the documented
+    differences and impala_jax's own fields."""
+    fresh = IMPALAConfig().to_dict()
+    assert OWN_FIELDS <= set(fresh) and set(DIFFERENT_DEFAULTS) <= set(fresh)
+    compared = 0
+    for key, value in fresh.items():
+        if key in OWN_FIELDS:
+            continue
+        rllib = _rllib_value(rllib_fresh, key)
+        if key in DIFFERENT_DEFAULTS:
+            assert (value, rllib) == DIFFERENT_DEFAULTS[key], key
+        else:
+            assert value == rllib, (key, value, rllib)
+            compared += 1
+    assert compared >= 100
 
 
 @pytest.mark.parametrize("builder,keyword,fresh", BUILDER_KEYWORDS)

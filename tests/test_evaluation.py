@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import gymnasium as gym
@@ -12,13 +13,18 @@ import pytest
 from impala_jax.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, split_duration
 from tests.test_algorithm import small_config
 
-# (is_evaluation_env, time.monotonic()) of every step of every ClockEnv, for the overlap test.
-STEPS: list[tuple[bool, float]] = []
+# is_evaluation_env of every step of every ClockEnv, in the order they were taken.
+STEPS: list[bool] = []
+# An evaluation copy with ``eval_hang`` blocks in its step until RELEASE is set; HUNG counts
+# the steps that started ("started") and those that returned ("finished").
+RELEASE = threading.Event()
+HUNG = {"started": 0, "finished": 0}
 
 
 class ClockEnv(gym.Env):
-    """Episodes of ``length`` steps (0 = never ending); an evaluation copy (seeded from
-    EVAL_SEED_OFFSET on) records its steps, and sleeps ``eval_hang_s`` in each if set."""
+    """Episodes of ``length`` steps (0 = never ending); every copy records its steps in STEPS
+    (an evaluation copy is seeded from EVAL_SEED_OFFSET on), and an evaluation copy blocks in
+    each step until RELEASE is set if ``eval_hang``."""
 
     observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
     action_space = gym.spaces.Discrete(2)
@@ -26,7 +32,7 @@ class ClockEnv(gym.Env):
     def __init__(self, config=None):
         config = dict(config or {})
         self.length = config.get("length", 5)
-        self.eval_hang_s = config.get("eval_hang_s", 0.0)
+        self.eval_hang = config.get("eval_hang", False)
         self.is_eval = None
         self._t = 0
 
@@ -38,9 +44,11 @@ class ClockEnv(gym.Env):
 
     def step(self, action):
         self._t += 1
-        STEPS.append((bool(self.is_eval), time.monotonic()))
-        if self.is_eval and self.eval_hang_s:
-            time.sleep(self.eval_hang_s)
+        STEPS.append(bool(self.is_eval))
+        if self.is_eval and self.eval_hang:
+            HUNG["started"] += 1
+            RELEASE.wait(30)  # a bound on the hang only: the test releases it
+            HUNG["finished"] += 1
         done = self.length > 0 and self._t >= self.length
         return np.zeros(2, np.float32), 1.0, done, False, {}
 
@@ -118,9 +126,7 @@ def test_timeout_returns_what_it_has_with_a_warning(clock_algo, caplog):
     )
     try:
         with caplog.at_level(logging.WARNING, "impala_jax"):
-            started = time.monotonic()
             result = ev.evaluate()["env_runners"]
-            assert time.monotonic() - started < 10
     finally:
         ev.close()
     assert result["num_episodes"] == 0
@@ -130,18 +136,56 @@ def test_timeout_returns_what_it_has_with_a_warning(clock_algo, caplog):
 
 @pytest.mark.timeout(60)
 def test_timeout_abandons_a_hung_env_step(clock_algo):
+    RELEASE.clear()
+    HUNG.update(started=0, finished=0)
     ev = evaluator(
         clock_algo,
-        {"length": 3, "eval_hang_s": 4.0},
+        {"length": 3, "eval_hang": True},
         evaluation_duration=5,
         evaluation_sample_timeout_s=0.3,
     )
-    started = time.monotonic()
-    result = ev.evaluate()["env_runners"]
-    assert time.monotonic() - started < 3.0
-    assert result["num_episodes"] == 0
-    ev.close()  # does not wait for the abandoned thread
-    assert time.monotonic() - started < 3.5
+    try:
+        result = ev.evaluate()["env_runners"]
+        # evaluate() returned while the env step it started was still blocked in the env.
+        assert HUNG == {"started": 1, "finished": 0}
+        assert result["num_episodes"] == 0
+        ev.close()  # does not wait for the abandoned thread
+        assert HUNG == {"started": 1, "finished": 0}
+    finally:
+        RELEASE.set()
+        for thread in threading.enumerate():  # the abandoned evaluation ends once released
+            if thread.name == "evaluation":
+                thread.join(30)
+
+
+@pytest.mark.timeout(180)
+def test_auto_evaluates_until_training_is_done_and_no_longer(clock_algo):
+    # 2 runners x 2 envs: once training_done() is True, the evaluation finishes the round of
+    # env steps it is in (at most 4) and stops; until then it keeps stepping.
+    ev = evaluator(
+        clock_algo,
+        num_envs=2,
+        evaluation_num_env_runners=2,
+        evaluation_parallel_to_training=True,
+        evaluation_duration="auto",
+        evaluation_sample_timeout_s=60.0,
+    )
+    training_done = threading.Event()
+    STEPS.clear()
+    try:
+        ev.start(clock_algo, training_done=training_done.is_set)
+        for enough in (40, 400):  # still stepping well after it started
+            deadline = time.monotonic() + 60  # a bound on a hang only
+            while STEPS.count(True) < enough:
+                assert time.monotonic() < deadline, f"{STEPS.count(True)} evaluation steps"
+                time.sleep(0.01)
+        training_done.set()
+        at_done = STEPS.count(True)
+        result = ev.result()["env_runners"]
+    finally:
+        ev.close()
+    assert 0 <= STEPS.count(True) - at_done <= 4
+    assert result["num_env_steps_sampled"] == STEPS.count(True)
 
 
 @pytest.mark.timeout(120)
@@ -160,16 +204,15 @@ def test_parallel_auto_evaluates_while_training_and_as_long():
         result = algo.train()
     evaluation = result["evaluation"]["env_runners"]
     assert evaluation["num_env_steps_sampled"] > 0 and evaluation["num_episodes"] > 0
-    train_t = [t for is_eval, t in STEPS if not is_eval]
-    eval_t = [t for is_eval, t in STEPS if is_eval]
-    # Interleaved: evaluation stepped before training's last step and training after
-    # evaluation's first; "auto" evaluates until training is done.
-    assert min(eval_t) < max(train_t) and max(train_t) > min(eval_t)
-    assert max(eval_t) >= max(train_t) - 0.1
-    assert max(eval_t) - min(eval_t) > 0.5
-    # ... and no longer: an evaluation thread that kept the GIL (a NumPy actor on this
-    # pure-Python env, host_actor._yield_gil) starved training and evaluated for 4-13 s.
-    assert max(eval_t) - min(train_t) < 3.0
+    # Steps in the order they were taken: the two threads interleave both ways (an evaluation
+    # step between two training steps, a training step between two evaluation steps), and
+    # "auto" evaluates for the whole training step, its last quarter included
+    # (test_auto_evaluates_until_training_is_done_and_no_longer: and no longer).
+    train_i = [i for i, is_eval in enumerate(STEPS) if not is_eval]
+    eval_i = [i for i, is_eval in enumerate(STEPS) if is_eval]
+    assert any(train_i[0] < i < train_i[-1] for i in eval_i)
+    assert any(eval_i[0] < i < eval_i[-1] for i in train_i)
+    assert eval_i[-1] > train_i[3 * len(train_i) // 4]
 
 
 @pytest.mark.timeout(120)

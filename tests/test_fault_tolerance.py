@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -91,11 +90,19 @@ def test_failed_runner_is_replaced_until_restarts_run_out():
 @pytest.mark.timeout(180)
 def test_a_replaced_runners_exited_thread_gives_its_heap_back(monkeypatch):
     # glibc keeps an exited thread's freed pages: each restart kept ~1.3 MiB resident (soak).
+    # The real release_free_heap runs; a spy on glibc's malloc_trim records each call, with the
+    # failures counted when it came and whether glibc gave pages back (its return value).
     from impala_jax.runtime import env_runner_group
 
-    assert env_runner_group._malloc_trim() is not None  # glibc here: the trim is real
+    malloc_trim = env_runner_group._malloc_trim()
+    assert malloc_trim is not None  # glibc here: the trim is real
     trims = []
-    monkeypatch.setattr(env_runner_group, "release_free_heap", lambda: trims.append(1))
+
+    def spy(pad):
+        trims.append((pad, algo.env_runner_group.num_failures, malloc_trim(pad)))
+        return trims[-1][2]
+
+    monkeypatch.setattr(env_runner_group, "_malloc_trim", lambda: spy)
     config = fault_config(SeededFault, from_seed=3, vary=True).fault_tolerance(
         max_num_env_runner_restarts=100
     )
@@ -106,6 +113,8 @@ def test_a_replaced_runners_exited_thread_gives_its_heap_back(monkeypatch):
         group = algo.env_runner_group
         assert trims, "no trim after a replaced runner's thread exited"
         assert group.num_failures >= 1
+    # Each trim came after a runner had failed, asked glibc to keep no pad, and glibc answered.
+    assert all(pad == 0 and failures >= 1 and given in (0, 1) for pad, failures, given in trims)
 
 
 @pytest.mark.timeout(180)
@@ -125,24 +134,23 @@ def test_all_runners_failing_raise_with_the_original_traceback():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("num_env_runners", [0, 2])
 def test_a_hopeless_env_ends_the_run_in_seconds_with_its_error(num_env_runners):
-    # Every env fails at its 4th step after every rebuild: a bug, not bad luck. RLlib's and the
-    # default tolerances (100 rebuilds in a row, a 60 s delay before each runner restart, a
-    # 300 s learner timeout) would take many minutes to give up.
+    # Every env fails at its 4th step after every rebuild: a bug, not bad luck. RLlib's
+    # tolerances (100 rebuilds in a row, a delay before each runner restart, a learner timeout)
+    # would take many minutes to give up; here the delay and the timeout are an hour, so a run
+    # that waited for either would hang past the test's timeout.
     config = (
         fault_config(SeededFault, num_env_runners=num_env_runners, from_seed=0)
-        .training(learner_queue_timeout=300)
+        .training(learner_queue_timeout=3600)
         .fault_tolerance(
-            restart_failed_sub_environments=True, delay_between_env_runner_restarts_s=60.0
+            restart_failed_sub_environments=True, delay_between_env_runner_restarts_s=3600.0
         )
     )
     algo = config.build()
-    started = time.monotonic()
     try:
         with pytest.raises(EnvRunnerFailure) as info:
             algo.train()
     finally:
         algo.stop()
-    assert time.monotonic() - started < 30
     message = str(info.value)
     assert "3 times in a row with the same error at the same env step" in message, message
     assert "injected runner failure" in message and "a bug in the env" in message
@@ -153,29 +161,40 @@ def test_a_hopeless_env_ends_the_run_in_seconds_with_its_error(num_env_runners):
 
 
 @pytest.mark.timeout(120)
-def test_while_every_runner_waits_for_its_restart_the_wait_says_why():
-    # First-generation runners (env seeds 0-3) fail; their replacements (seeds 6 on) work. A
-    # learner timeout shorter than the restart delay: waiting for a restart is not "slow envs".
+def test_while_every_runner_waits_for_its_restart_the_wait_says_why(monkeypatch):
+    # First-generation runners (env seeds 0-3) fail; their replacements (seeds 6 on) work. The
+    # restart delay is an hour of a clock that moves on only when the learner reports its wait,
+    # so a restart can only follow a report; the learner timeout (30 s, far shorter than the
+    # delay) must not end the wait: waiting for a restart is not "slow envs".
+    real_monotonic, offset = time.monotonic, [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: real_monotonic() + offset[0])
     config = (
         fault_config(SeededFault, from_seed=0, until_seed=4)
-        .training(learner_queue_timeout=5.0)
-        .fault_tolerance(delay_between_env_runner_restarts_s=6.0)
+        .training(learner_queue_timeout=30.0)
+        .fault_tolerance(delay_between_env_runner_restarts_s=3600.0)
     )
     with config.build() as algo:
         reports = []
-        algo.env_runner_group.on_down = reports.append
+
+        def on_down(report):
+            reports.append((report, algo.env_runner_group.num_restarts))
+            offset[0] += 3600.0
+
+        algo.env_runner_group.on_down = on_down
         result = algo.train()
         # Both failed before the wait; the first replacement's batch can end the iteration
         # before the second one's restart is due (it failed later on a loaded machine).
         assert result["fault_tolerance"]["num_env_runner_failures"] == 2
         assert result["num_env_steps_trained_lifetime"] > 0
-        deadline = time.monotonic() + 30
-        while result["fault_tolerance"]["num_remote_worker_restarts"] < 2:
-            assert time.monotonic() < deadline, result["fault_tolerance"]
+        for _ in range(100):  # a bound on a hang only
+            if result["fault_tolerance"]["num_remote_worker_restarts"] >= 2:
+                break
             result = algo.train()
         assert result["fault_tolerance"]["num_remote_worker_restarts"] == 2
     assert reports, "the wait said nothing"
-    report = reports[0]
+    # The first report came while no runner had been restarted yet.
+    report, restarts_then = reports[0]
+    assert restarts_then == 0
     assert report.startswith("No EnvRunner is sampling"), report
     for needed in (
         "EnvRunner 0 failed at",
@@ -188,6 +207,7 @@ def test_while_every_runner_waits_for_its_restart_the_wait_says_why():
         assert needed in report, (needed, report)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_hung_runner_is_replaced_and_training_progresses():
     config = (
@@ -264,6 +284,7 @@ SAVER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_kill_during_save_never_leaves_a_half_written_checkpoint(tmp_path):
     from impala_jax.rllib.algorithm import IMPALA
@@ -300,28 +321,22 @@ def test_restore_onto_two_learner_devices(tmp_path):
         assert two.train()["training_iteration"] == 2
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
+@pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_long_lockstep_run_has_flat_memory_and_threads():
+def test_long_lockstep_run_leaves_no_thread_behind():
+    # Memory over a long run is the soak's to measure (make soak): RSS in the shared pytest
+    # process moves with whatever else the session did.
     threads_before = threading.active_count()
     with small_config().build() as algo:
         for _ in range(10):
             algo.train()
         # Thread objects, not a count: a thread left by an earlier test of the session (an
         # abandoned hung env, a library's worker) may end meanwhile; none may be added.
-        rss0, threads0 = _rss_mib(), set(threading.enumerate())
+        threads0 = set(threading.enumerate())
         for _ in range(150):
             algo.train()
-        rss1, threads1 = _rss_mib(), set(threading.enumerate())
+        threads1 = set(threading.enumerate())
     assert not threads1 - threads0, threads1 - threads0
-    assert rss1 - rss0 < 40, (rss0, rss1)
     assert threading.active_count() <= threads_before + 1
 
 

@@ -41,6 +41,7 @@ def train_until(config, key, threshold, max_steps, kill_every=None):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_cartpole_learns():
     config = experiment("cartpole")
     best, result = train_until(config, "episode_return_mean", 300, 3_000_000)
@@ -75,33 +76,8 @@ def test_pendulum_beats_random():
     assert best >= -500, result["env_runners"]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_rllib_doc_first_example():
-    """The first example of RLlib's IMPALAConfig doc, verbatim but for the import.
-
-    Its batch (512) does not split into fragments of the default rollout_fragment_length (50):
-    as RLlib does, the batch is rounded up to whole fragments (550), reported in the results. It
-    builds, trains one iteration (RLlib's default min_time_s_per_iteration=10) and is deleted.
-    """
-    from impala_jax import IMPALAConfig
-
-    config = (
-        IMPALAConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=1)
-        .training(lr=0.0003, train_batch_size_per_learner=512)
-        .learners(num_learners=1)
-    )
-    assert config.effective_train_batch_size_per_learner == 550
-    # Build a Algorithm object from the config and run 1 training iteration.
-    algo = config.build()
-    result = algo.train()
-    assert result["learners"]["default_policy"]["effective_train_batch_size_per_learner"] == 550
-    del algo
-
-
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_box_actions_learn_a_continuous_bandit():
     from impala_jax import IMPALAConfig
     from tests.fake_envs import ContinuousBandit
@@ -125,6 +101,7 @@ def test_box_actions_learn_a_continuous_bandit():
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_a_cnn_policy_learns_to_read_its_image_with_the_atari_settings():
     """experiments/pong.py's optimizer (the paper's RMSProp on a summed loss) on uint8 frames,
     channels first: the policy must learn to read the image (issue 17: on Pong the value

@@ -172,6 +172,7 @@ def _cartpole(reduction: str):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_the_papers_rmsprop_with_a_mean_loss_warns_that_the_policy_will_not_move():
     with _cartpole("mean").build() as algo, pytest.warns(RuntimeWarning) as caught:
         result = algo.train()
@@ -209,6 +210,7 @@ def _relu_learner(num_devices: int = 1) -> Learner:
     )
 
 
+@pytest.mark.slow
 def test_feature_diagnostics_tell_a_blind_encoder_from_a_seeing_one():
     """encoder_dead_unit_fraction and encoder_feature_std against numpy on the same rows; an
     encoder whose units are all pushed below zero (dead ReLUs) reads 1 and 0; one device and

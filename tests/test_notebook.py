@@ -10,6 +10,7 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_quickstart_notebook_runs(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -23,6 +23,7 @@ def record_node(*, result: dict, **kwargs) -> None:
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow
 def test_sweep_places_trials_on_both_nodes_of_a_cluster(tmp_path):
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), old) if p)

@@ -222,7 +222,7 @@ def test_on_policy_the_learners_unroll_reproduces_the_behaviour_logits(num_env_r
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("num_env_runners", [0, 2])
-def test_recurrent_training_is_on_policy_and_learns_cartpole_a_little(num_env_runners):
+def test_recurrent_training_is_on_policy_acts_and_evaluates(num_env_runners):
     config = _recurrent_config(num_env_runners).evaluation(
         evaluation_interval=2, evaluation_duration=3
     )
@@ -333,6 +333,7 @@ def _memory_returns(config, max_steps, min_means=0):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_the_lstm_remembers_a_cue_that_a_feedforward_policy_cannot():
     # The cue is seen only at the first step and must be repeated 4 steps later: chance is 0.5.
     # Measured: the LSTM is at 1.0 after about 15 K env steps; feedforward stays at 0.45-0.55.

@@ -234,30 +234,6 @@ def test_build_logs_the_effective_batch_once(caplog):
 
 
 @pytest.mark.timeout(180)
-def test_pendulum_example_batch_and_default_model_config_train():
-    # RLlib's tuned Pendulum example (256 steps, fragments of 50, 5 envs), smaller network.
-    config = (
-        IMPALAConfig()
-        .env_runners(num_envs_per_env_runner=5, num_env_runners=0)
-        .environment("Pendulum-v1")
-        .training(
-            train_batch_size_per_learner=256,
-            grad_clip=40.0,
-            grad_clip_by="global_norm",
-            lr=0.0003,
-            vf_loss_coeff=0.05,
-            entropy_coeff=[[0, 0.1], [2000000, 0.0]],
-        )
-        .rl_module(model_config=DefaultModelConfig(vf_share_layers=True, fcnet_hiddens=[32]))
-        .reporting(min_time_s_per_iteration=0)
-        .learners(num_learners=0)
-    )
-    with config.build() as algo:
-        result = algo.train()
-    assert result["learners"]["default_policy"]["effective_train_batch_size_per_learner"] == 300
-
-
-@pytest.mark.timeout(180)
 def test_default_model_config_builds_and_trains_one_iteration():
     config = small_config().rl_module(model_config=DefaultModelConfig())
     with config.build() as algo:

@@ -48,6 +48,7 @@ def train_twice(config) -> list[dict]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_docstring_example_runs_verbatim():
     config = (
         IMPALAConfig()
@@ -72,6 +73,7 @@ def test_docstring_example_runs_verbatim():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_tuned_cartpole_example():
     args = example_args(default_reward=450.0, default_timesteps=2000000)
     config = (
@@ -96,6 +98,7 @@ def test_tuned_cartpole_example():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_tuned_stateless_cartpole_example_is_recurrent():
     # RLlib's own StatelessCartPole env class (velocities removed) and its config block.
     from ray.rllib.examples.envs.classes.stateless_cartpole import StatelessCartPole
@@ -134,6 +137,7 @@ def test_tuned_stateless_cartpole_example_is_recurrent():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_tuned_pendulum_example():
     args = example_args()
     config = (
@@ -182,6 +186,7 @@ class EnlargeObs(gym.ObservationWrapper):
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.slow
 def test_tuned_heavy_cartpole_example():
     from ray import tune
 

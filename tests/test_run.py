@@ -433,6 +433,7 @@ def test_cli_override_error_exits_nonzero_with_one_line(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_cli_sigint_then_resume(tmp_path):
     # 1. A run with no reachable budget, interrupted after its first result line.
     proc = subprocess.Popen(
@@ -526,6 +527,7 @@ def test_cli_sigint_then_resume(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_cli_runs_an_rllib_example_with_its_arguments_and_real_wandb_offline(tmp_path):
     """RLlib's tuned-example form through the CLI: its own parser gets the arguments after
     `--`, RLlib's default stop applies (episode_return_mean, which Pendulum does not report in
@@ -631,6 +633,7 @@ def _scalars_as_tensorboard_reads_them(run_dir: Path) -> dict[str, list[int]]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_cli_sigkill_mid_run_then_resume_leaves_one_clean_history(tmp_path):
     freq = 2
     argv = [*TINY, "--stop", "num_env_steps_sampled_lifetime=1e9", "--logdir", str(tmp_path)]
@@ -685,6 +688,7 @@ def test_cli_sigkill_mid_run_then_resume_leaves_one_clean_history(tmp_path):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_the_cli_exits_without_teardown_unless_callbacks_run(tmp_path):
     # exit_without_teardown: the exit handlers run (an experiment file's atexit too), the
     # run's files are complete, and the interpreter's teardown (0.7-0.9 s) is skipped; with

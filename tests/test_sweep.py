@@ -86,6 +86,7 @@ def tiny_sweep(tmp_path_factory):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_cli_sweep_runs_every_trial_and_restores_the_best(tiny_sweep):
     proc, run_dir = tiny_sweep
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -112,6 +113,7 @@ def test_cli_sweep_runs_every_trial_and_restores_the_best(tiny_sweep):
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.slow
 def test_cli_sweep_with_failing_trials_exits_1_naming_them(tmp_path):
     experiment = write(
         tmp_path / "bad_sweep.py",
@@ -176,6 +178,7 @@ def test_plain_run_never_imports_ray(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_sweep_analysis_notebook_plots_the_sweep(tiny_sweep, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
