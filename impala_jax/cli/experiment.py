@@ -353,6 +353,7 @@ FAULT_TOLERANCE_KEYS = (
     "num_env_runner_failures",
     "num_env_restarts",
     "num_dropped_episodes",
+    "num_non_finite_fragments_dropped",
 )
 # Stage timers (seconds this iteration) by the thread that runs the stage: the runners step
 # and act, the lockstep group or the loader threads stack and transfer, the learner waits,
@@ -420,7 +421,7 @@ def result_schema(config) -> ResultSchema:
         | {f"fault_tolerance/{k}" for k in FAULT_TOLERANCE_KEYS}
     )
     evaluation: set[str] = set()
-    open_prefixes: tuple[str, ...] = (CONFIG_PREFIX,)
+    open_prefixes: tuple[str, ...] = (CONFIG_PREFIX, "fault_tolerance/non_finite_fragments_by_env/")
     if config.evaluation_interval:
         if config.custom_evaluation_function is not None:
             open_prefixes += ("evaluation/",)
