@@ -10,7 +10,6 @@ checkpoint to every process.
 
 from __future__ import annotations
 
-import importlib
 import tempfile
 from typing import Any
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from impala_jax.runtime import checkpoint, distributed
 from impala_jax.runtime.buffers import MinibatchBuffer
+from impala_jax.runtime.import_path import import_object, split_import_path
 
 # state.json's key of the config's class ("module:qualname"); a checkpoint written before it
 # existed holds an IMPALAConfig.
@@ -28,23 +28,20 @@ DEFAULT_CONFIG_CLASS = "impala_jax.rllib.config:IMPALAConfig"
 
 def import_path(path: str) -> Any:
     """The object at ``"pkg.mod:qualname"`` (as ``checkpoint.jsonable`` writes a class)."""
-    module, sep, qualname = path.partition(":")
-    if not sep or not module or not qualname or "<" in qualname:
+    parts = split_import_path(path) if ":" in path else None
+    if parts is None:
         raise ValueError(
             f"{CONFIG_CLASS_KEY}={path!r} in the checkpoint is not an importable path "
             "'pkg.mod:Cls'; a config class defined inside a function cannot be restored, define "
             "it at module level."
         )
     try:
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        return import_object(*parts)
     except (ImportError, AttributeError) as err:
         raise ValueError(
             f"the checkpoint's config class {path!r} cannot be imported ({err}); import or "
             "define it where the checkpoint was written."
         ) from err
-    return obj
 
 
 class Checkpointable:

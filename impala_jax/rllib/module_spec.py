@@ -12,11 +12,11 @@ No JAX here: the config imports this module.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
 from impala_jax.rllib.values import is_search_space
+from impala_jax.runtime.import_path import import_object, split_import_path
 
 # impala_jax's own network factory, as `IMPALAConfig.get_default_rl_module_spec()` names it.
 DEFAULT_FACTORY = "impala_jax.core.networks.make_networks"
@@ -104,18 +104,14 @@ def factory_problem(factory: Any) -> str | None:
         return None
     if not isinstance(factory, str):
         return f"its factory {factory!r} is not callable; {_HOW}"
-    module, sep, qualname = factory.partition(":")
-    if not sep:
-        module, _, qualname = factory.rpartition(".")
-    if not module or not qualname or "<" in qualname:
+    parts = split_import_path(factory)
+    if parts is None:
         return (
             f"its factory {factory!r} is not an importable path 'pkg.mod:fn' (a lambda or a "
             "local function has none); define the factory at module level"
         )
     try:
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        obj = import_object(*parts)
     except (ImportError, AttributeError) as err:
         return f"its factory {factory!r} cannot be imported ({type(err).__name__}: {err})"
     if not callable(obj):

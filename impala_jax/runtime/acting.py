@@ -13,7 +13,6 @@ policy. This module reads the frozen config by duck type.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +31,7 @@ from impala_jax.runtime.host_actor import (
     act_macs,
     host_actor_unsupported,
 )
+from impala_jax.runtime.import_path import import_object, split_import_path
 
 
 def resolve_factory(factory: Any) -> Callable | None:
@@ -39,24 +39,20 @@ def resolve_factory(factory: Any) -> Callable | None:
     (None, or ``make_networks`` itself). An import path is ``"pkg.mod:fn"`` (as checkpoints
     store callables) or ``"pkg.mod.fn"``."""
     if isinstance(factory, str):
-        module, sep, qualname = factory.partition(":")
-        if not sep:
-            module, _, qualname = factory.rpartition(".")
-        if not module or not qualname or "<" in qualname:
+        parts = split_import_path(factory)
+        if parts is None:
             raise ValueError(
                 f"rl_module_spec factory={factory!r}: not an importable path; define the factory "
                 "at module level and give it (or its path 'pkg.mod:fn')."
             )
+        module, qualname = parts
         try:
-            obj = importlib.import_module(module)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
+            factory = import_object(module, qualname)
         except (ImportError, AttributeError) as err:
             raise ValueError(
                 f"rl_module_spec factory={factory!r}: cannot import {qualname!r} from "
                 f"{module!r} ({err})."
             ) from err
-        factory = obj
     if factory is None or factory is make_networks:
         return None
     if not callable(factory):

@@ -24,12 +24,12 @@ at build (`UNSUPPORTED_HOOKS` says why for each). This module imports neither ra
 
 from __future__ import annotations
 
-import importlib
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from impala_jax.runtime.import_path import import_object, split_import_path
 from impala_jax.runtime.metrics_logger import MetricsLogger
 
 __all__ = [
@@ -177,25 +177,21 @@ def resolve(value: Any, field: str) -> Any:
     "pkg.mod.Name" (RLlib's spelling)."""
     if not isinstance(value, str):
         return value
-    module, sep, qualname = value.partition(":")
-    if not sep:
-        module, _, qualname = value.rpartition(".")
-    if not module or not qualname or "<" in qualname:
+    parts = split_import_path(value)
+    if parts is None:
         raise ValueError(
             f"callbacks({field}={value!r}): not an importable path. Checkpoints store callbacks "
             "by import path, so a lambda or a function or class defined inside another function "
             "cannot be restored from one: define it at module level, or build from your config "
             "and call algo.restore(path)."
         )
+    module, qualname = parts
     try:
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        return import_object(module, qualname)
     except (ImportError, AttributeError) as err:
         raise ValueError(
             f"callbacks({field}={value!r}): cannot import {qualname!r} from {module!r} ({err})."
         ) from err
-    return obj
 
 
 def _as_list(value: Any) -> list:
