@@ -204,15 +204,13 @@ def test_parallel_auto_evaluates_while_training_and_as_long():
         result = algo.train()
     evaluation = result["evaluation"]["env_runners"]
     assert evaluation["num_env_steps_sampled"] > 0 and evaluation["num_episodes"] > 0
-    # Steps in the order they were taken: the two threads interleave both ways (an evaluation
-    # step between two training steps, a training step between two evaluation steps), and
-    # "auto" evaluates for the whole training step, its last quarter included
-    # (test_auto_evaluates_until_training_is_done_and_no_longer: and no longer).
+    # Steps in the order they were taken: "auto" evaluates until training's last step. How the
+    # two threads interleave before that is the scheduler's (all of training's steps may come
+    # first); test_auto_evaluates_until_training_is_done_and_no_longer fixes the order with
+    # events.
     train_i = [i for i, is_eval in enumerate(STEPS) if not is_eval]
     eval_i = [i for i, is_eval in enumerate(STEPS) if is_eval]
-    assert any(train_i[0] < i < train_i[-1] for i in eval_i)
-    assert any(eval_i[0] < i < eval_i[-1] for i in train_i)
-    assert eval_i[-1] > train_i[3 * len(train_i) // 4]
+    assert train_i and eval_i[-1] > train_i[-1]
 
 
 @pytest.mark.timeout(120)
