@@ -111,9 +111,11 @@ def run(
     nan_every: float,
     checkpoints: bool = True,
     nan_into: str = "env",
+    seed: int | None = None,
 ) -> dict:
     """``kill_every`` / ``nan_every`` <= 0 turn that fault off; ``checkpoints`` the saves;
-    ``nan_into``: "env" (through the runners' door) or "learner" (past it)."""
+    ``nan_into``: "env" (through the runners' door) or "learner" (past it); ``seed`` the run's
+    ``debugging(seed=...)`` (None keeps the experiment's)."""
     from impala_jax.runtime import checkpoint
 
     config = (
@@ -121,6 +123,8 @@ def run(
         .env_runners(num_env_runners=2)
         .fault_tolerance(delay_between_env_runner_restarts_s=0.0, max_num_env_runner_restarts=10**6)
     )
+    if seed is not None:
+        config = config.debugging(seed=seed)
     workdir = Path(tempfile.mkdtemp(prefix="impala_jax_soak_"))
     samples, returns = [], []
     written = unreadable = kills = poisons = 0
@@ -212,9 +216,17 @@ def main(argv=None) -> dict:
         nan_every={"type": float, "default": 60.0, "help": "seconds between NaN batches"},
         no_checkpoints={"action": "store_true", "help": "no checkpoint per iteration"},
         name={"default": "soak", "help": "result name"},
+        seed={
+            "type": int,
+            "default": None,
+            "help": "debugging(seed=...) (default: the experiment's)",
+        },
     )
     minutes = 2.0 if args.quick else args.minutes
-    payload = run(minutes, args.kill_every, args.nan_every, not args.no_checkpoints, args.nan_into)
+    payload = run(
+        minutes, args.kill_every, args.nan_every, not args.no_checkpoints, args.nan_into, args.seed
+    )
+    payload["seed"] = args.seed
     payload["faults"] = {
         "kill_every_s": args.kill_every,
         "nan_every_s": args.nan_every,
