@@ -286,7 +286,8 @@ def test_breakout_cpu_is_pong_cpu_with_only_the_game_changed():
     a, b = pong_cpu.to_dict(), breakout_cpu.to_dict()
     assert b["env"] == "Breakout-v5"
     assert {k for k in a if a[k] != b[k]} == {"env"}
+    # A goal the measured run reached within its budget (its docstring's Goal line).
     assert stop == {
-        "env_runners/episode_return_mean": 400,
+        "env_runners/episode_return_mean": 8,
         "num_env_steps_sampled_lifetime": 2_000_000,
     }
