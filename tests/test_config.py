@@ -214,7 +214,7 @@ DIFFERENT_DEFAULTS = {
     "callbacks_class": (None, "ray.rllib.callbacks.callbacks.RLlibCallback"),
 }
 # impala_jax's own fields (docs/config.md), which RLlib does not have.
-OWN_FIELDS = {"loss_reduction", "inference_backend", "rmsprop_initial_scale"}
+OWN_FIELDS = {"loss_reduction", "inference_backend", "rmsprop_initial_scale", "policy_lag"}
 
 
 @pytest.fixture(scope="module")

@@ -206,6 +206,8 @@ FIELDS: dict[str, Any] = {
     "batch_mode": Error("complete_episodes"),
     "explore": Built("A", False, lambda o: o.runner.explore is False),
     "observation_filter": Error("MeanStdFilter"),
+    # On device only ("gymnax:" envs); with a host env it is an error.
+    "policy_lag": Covered("tests/test_on_device.py::test_lag_k_is_the_reported_lag_and_moves_rho"),
     # .training()
     "vtrace": Error(False),
     "vtrace_clip_rho_threshold": Spec(2.0, loss),

@@ -28,9 +28,11 @@ from impala_jax.rllib.module import DEFAULT_MODULE_ID, Actions, Module
 from impala_jax.runtime import acting, checkpoint, distributed, parallel, program_cache
 from impala_jax.runtime.buffers import MinibatchBuffer
 from impala_jax.runtime.callbacks import Callbacks, UserCodeError
+from impala_jax.runtime.device_runner import DeviceRunnerGroup
 from impala_jax.runtime.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from impala_jax.runtime.evaluation import Evaluator
 from impala_jax.runtime.host_actor import hold_one_blas_thread, release_blas_threads
+from impala_jax.runtime.jax_envs import is_jax_env, make_jax_env
 from impala_jax.runtime.jax_setup import use_compile_cache
 from impala_jax.runtime.learner import Learner
 from impala_jax.runtime.metrics import (
@@ -83,6 +85,8 @@ class IMPALA(Checkpointable):
         level = config.log_level.upper()
         logging.getLogger("impala_jax").setLevel("WARNING" if level == "WARN" else level)
         self._fake_batch = None
+        # An env written in JAX trains on device: sampling is part of the update's program.
+        self._on_device = is_jax_env(config.env)
         seed = config.seed if config.seed is not None else 0
         learner_key, actor_key = jax.random.split(jax.random.key(seed))
         self._seed = seed
@@ -152,7 +156,7 @@ class IMPALA(Checkpointable):
         # The learner step compiles in a thread of its own from the start of the Learner's
         # construction, beside the initial state's and the policy's compilation and the envs'
         # creation below, not after them.
-        warm_up = not (config._env_runners_only or config._skip_learners)
+        warm_up = not (config._env_runners_only or config._skip_learners or self._on_device)
         # The learner's traced programs kept on disk where it can (program_cache); never for
         # a custom network factory, whose code the cache's key does not cover.
         spaces = (self.observation_space, self.action_space)
@@ -176,17 +180,28 @@ class IMPALA(Checkpointable):
     def _build_runners(self, seed: int, actor_device, columns: int, actor_key) -> None:
         """The env runners, the evaluator and what compute_actions acts with."""
         config = self.config
-        group = EnvRunnerGroup(
-            config,
-            self._act,
-            self._act_greedy,
-            self.learner.state.params,
-            actor_device=actor_device,
-            observation_space=self.observation_space,
-            seed=seed,
-            batch_columns=columns,
-            action_space=self.action_space,
-        )
+        if self._on_device:
+            group = DeviceRunnerGroup(
+                config,
+                make_jax_env(config.env, config.env_config),
+                self.policy,
+                self.learner,
+                actor_device,
+                seed,
+                example=lambda: self.policy.example_batch(self._T, columns, self.action_dtype),
+            )
+        else:
+            group = EnvRunnerGroup(
+                config,
+                self._act,
+                self._act_greedy,
+                self.learner.state.params,
+                actor_device=actor_device,
+                observation_space=self.observation_space,
+                seed=seed,
+                batch_columns=columns,
+                action_space=self.action_space,
+            )
         self.env_runner_group = group
         self.param_store = group.param_store
         self._evaluator = Evaluator(config, self._act, self._act_greedy, group.param_store, seed)
@@ -246,6 +261,11 @@ class IMPALA(Checkpointable):
 
     def training_step(self) -> None:
         cfg = self.config
+        if self._on_device:  # sampling and the update in one program (device_runner.py)
+            with self._timers.time("learner_dispatch"):
+                self._last_learner_metrics, versions = self.env_runner_group.update(self.learner)
+            self._count_update(versions)
+            return
         source = self._minibatch_buffer or self.env_runner_group
         if cfg.fake_sampler and self._fake_batch is not None:
             batch, versions = self._fake_batch  # debugging(fake_sampler=True): no sampling
@@ -259,6 +279,11 @@ class IMPALA(Checkpointable):
             self._last_learner_metrics = self.learner.update(
                 batch, self.num_env_steps_sampled_lifetime
             )
+        self._count_update(versions)
+
+    def _count_update(self, versions) -> None:
+        """Books one update: its policy lag, the env steps trained, the params published."""
+        cfg = self.config
         self._last_lag.append(self.param_store.version - versions)
         self._num_updates += 1
         self._env_steps_trained += self.batch_env_steps + (

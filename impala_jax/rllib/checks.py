@@ -14,6 +14,7 @@ from typing import Any
 
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
 from impala_jax.rllib.compat_tables import NOT_HERE
+from impala_jax.rllib.device_checks import check_device_fields
 from impala_jax.rllib.model_config_checks import merge_model_config, model_config_problems
 from impala_jax.rllib.module_spec import as_rl_module_spec, rl_module_spec_problem
 from impala_jax.rllib.values import (
@@ -150,10 +151,8 @@ def start_together(config: Any, error: BaseException | None) -> None:
 
 
 def validate_config(config: Any, field_to_builder: Mapping[str, str]) -> None:
-    """Raises one ValueError listing every invalid field of `config`, its value and the fix.
-
-    `field_to_builder` maps each field to the builder method that sets it (for the hint).
-    """
+    """Raises one ValueError listing every invalid field of `config`, its value and the fix
+    (with the builder that sets it, from `field_to_builder`)."""
     _Validator(config, field_to_builder).run()
 
 
@@ -225,6 +224,7 @@ class _Validator:
         self._callbacks()
         self._rest()
         self._not_here()
+        check_device_fields(self)
         if self.errors:
             raise ValueError("Invalid IMPALAConfig:\n  " + "\n  ".join(self.errors))
 

@@ -21,6 +21,8 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 
+from impala_jax.runtime.jax_envs import GYMNAX_PREFIX, gymnax_ids
+
 
 def import_envpool():
     """envpool, imported without running its env families' package ``__init__``s.
@@ -266,6 +268,7 @@ def choose_env(env: Any, env_config: Mapping[str, Any] | None = None) -> EnvChoi
 
     1. a name given to ``register_env`` (impala_jax's, or Ray Tune's when ray is imported);
     2. ``"envpool:<id>"``: envpool's env of that id, whatever gymnasium has;
+       ``"gymnax:<id>"``: gymnax's env of that id, stepped on device (runtime/jax_envs.py);
     3. ``"pkg.module:Name"``: the class or function ``Name`` of that module, or gymnasium's
        ``"module:<id>"`` (import the module, which registers ``<id>``: ``"ale_py:ALE/Pong-v5"``);
     4. a gymnasium id (``ALE/`` ids import ale_py first): gymnasium's env, or envpool's where
@@ -289,6 +292,12 @@ def choose_env(env: Any, env_config: Mapping[str, Any] | None = None) -> EnvChoi
         if env_id not in envpool_ids():
             raise _unknown_env(env, sorted(envpool_ids()), "envpool has no env of that id.")
         return EnvChoice("envpool", env_id, env)
+    if env.startswith(GYMNAX_PREFIX):
+        if env[len(GYMNAX_PREFIX) :] not in gymnax_ids():
+            raise _unknown_env(
+                env, [GYMNAX_PREFIX + i for i in gymnax_ids()], "gymnax has no env of that id."
+            )
+        return EnvChoice("gymnax", env, env)
     if ":" in env and env not in gym.registry:
         module, _, attr = env.partition(":")
         try:

@@ -107,6 +107,9 @@ class Learner:
         step = make_learner_step(
             networks, distribution, self.optimizer, opt_spec, loss_spec, step_spec, unrolled
         )
+        # The per-device step itself, which an on-device rollout wraps into one program with
+        # its acting (runtime/device_runner.py).
+        self.per_device_step = step
         replay_spec = parallel.LEADING if step_spec.replay_columns else ()
         self._step = parallel.data_parallel(
             step,

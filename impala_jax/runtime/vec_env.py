@@ -38,6 +38,7 @@ from impala_jax.runtime.env_registry import (
     envpool_options,
     import_envpool,
 )
+from impala_jax.runtime.jax_envs import make_jax_env
 
 
 class VecEnv(abc.ABC):
@@ -235,6 +236,51 @@ class GymnasiumVecEnv(VecEnv):
         self._env.close()
 
 
+class JaxVecEnv(VecEnv):
+    """An env written in JAX (core.rollout.JaxEnv) stepped from the host: evaluation's envs, and
+    any host runner's, for an env that trains on device. Each step is one compiled call of the
+    on-device rollout's own ``step_envs``, so both paths see the same envs for the same keys."""
+
+    def __init__(self, env, num_envs: int, seed: int):
+        import jax
+
+        from impala_jax.core import rollout
+
+        self.name, self.num_envs = env.name, num_envs
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+        self._key = jax.random.key(seed)
+        self._reset = jax.jit(rollout.reset_envs, static_argnums=(0, 2))
+
+        def step(carry, action):
+            carry, keys = rollout.step_keys(carry)
+            return rollout.step_envs(env, carry, action, keys)[:4]
+
+        self._step = jax.jit(step)
+        self._env = env
+        self._carry = None
+        self._result = None
+
+    def async_reset(self) -> None:
+        self._carry = self._reset(self._env, self._key, self.num_envs)
+        n = self.num_envs
+        self._result = (
+            self._carry.obs,
+            np.zeros(n, np.float32),
+            np.zeros(n, bool),
+            np.zeros(n, bool),
+        )
+
+    def recv(self):
+        return tuple(np.asarray(x) for x in self._result)
+
+    def send(self, action: np.ndarray) -> None:
+        self._carry, reward, terminated, truncated = self._step(self._carry, action)
+        self._result = (self._carry.obs, reward, terminated, truncated)
+
+    def close(self) -> None:
+        self._carry = self._result = None
+
+
 def _probe(make_one: Callable, name: str) -> None:
     """Builds one env, resets and steps it once: a broken env fails here, clearly named."""
     try:
@@ -286,6 +332,9 @@ def make_vec_env(
     """
     env_config = env_config or {}
     choice = choose_env(env, env_config)
+    if choice.backend == "gymnax":
+        _check_no_thread_pool(choice.name, num_cpus)
+        return JaxVecEnv(make_jax_env(choice.target, env_config), num_envs, seed)
     if choice.backend == "envpool":
         vec = EnvpoolVecEnv(choice.target, num_envs, seed, env_config, max(1, math.ceil(num_cpus)))
         check_spaces(vec)

@@ -1,0 +1,175 @@
+"""Envs written in JAX, stepped inside a compiled program: the on-device rollout.
+
+A ``JaxEnv`` is a pure env without autoreset: ``reset(key) -> (obs, state)`` and
+``step(key, state, action) -> (obs, state, reward, terminated, truncated)`` for one env
+(runtime/jax_envs.py adapts gymnax's). ``step_envs`` steps a batch of them with the next-step
+autoreset of envpool and gymnasium (types.py): the step that ends an episode returns its final
+observation, the step after it ignores the action and returns the reset observation with
+reward 0. So a fragment from ``make_rollout`` has the host runners' layout row for row, and
+V-trace, the loss and the masks need no change.
+
+Every random draw of env ``i`` (its steps, its resets, its sampled actions) comes from its own
+key in ``EnvCarry.key``, split once per step: a run gives the same envs and actions however its
+envs are split over devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from impala_jax.core.types import Trajectory
+
+
+class JaxEnv(Protocol):
+    """One env as pure functions (no autoreset); ``action`` is already the env's action."""
+
+    def reset(self, key: jax.Array) -> tuple[jax.Array, Any]: ...
+
+    def step(
+        self, key: jax.Array, state: Any, action: jax.Array
+    ) -> tuple[jax.Array, Any, jax.Array, jax.Array, jax.Array]: ...
+
+
+class EnvCarry(NamedTuple):
+    """What a batch of ``B`` envs carries from one step to the next (leading axis ``B``)."""
+
+    state: Any  # the envs' own states
+    obs: jax.Array  # [B, ...]: the observation the next action is taken in
+    prev_done: jax.Array  # [B] bool: obs is a final observation, so the next row resets
+    key: jax.Array  # [B] PRNG keys, one per env
+    episode_return: jax.Array  # [B] float32: the running episode's return so far
+    episode_len: jax.Array  # [B] int32
+
+
+class Episodes(NamedTuple):
+    """Episodes that ended during a rollout, per row: ``[T, B]`` each."""
+
+    ended: jax.Array  # bool: an episode ended at this row's step
+    episode_return: jax.Array  # float32: its return (0 where not ended)
+    episode_len: jax.Array  # int32: its length (0 where not ended)
+
+
+def reset_envs(env: JaxEnv, key: jax.Array, num_envs: int) -> EnvCarry:
+    """``num_envs`` fresh envs; env ``i``'s key is ``split(key, num_envs)[i]``."""
+    keys = jax.random.split(key, num_envs)
+    split = jax.vmap(jax.random.split)(keys)  # [B, 2]: the env's next key, its reset key
+    obs, state = jax.vmap(env.reset)(split[:, 1])
+    return EnvCarry(
+        state=state,
+        obs=obs,
+        prev_done=jnp.zeros(num_envs, bool),
+        key=split[:, 0],
+        episode_return=jnp.zeros(num_envs, jnp.float32),
+        episode_len=jnp.zeros(num_envs, jnp.int32),
+    )
+
+
+def step_keys(carry: EnvCarry) -> tuple[EnvCarry, jax.Array]:
+    """Splits every env's key once per step: the carry with the next keys, and ``[B, 3]`` keys
+    for (the action's sample, the env's step, the env's reset)."""
+    split = jax.vmap(lambda k: jax.random.split(k, 4))(carry.key)
+    return carry._replace(key=split[:, 0]), split[:, 1:]
+
+
+def step_envs(
+    env: JaxEnv, carry: EnvCarry, action: jax.Array, keys: jax.Array
+) -> tuple[EnvCarry, jax.Array, jax.Array, jax.Array, Episodes]:
+    """One step of every env with next-step autoreset; ``keys`` from ``step_keys``.
+
+    Returns the carry and the row's ``(reward, terminated, truncated, episodes)``. An env whose
+    observation was final (``prev_done``) is reset instead of stepped: its row has reward 0 and
+    neither flag, and is not a step of any episode.
+    """
+
+    def one(state, a, step_key, reset_key, reset):
+        obs, next_state, reward, terminated, truncated = env.step(step_key, state, a)
+        new_obs, new_state = env.reset(reset_key)
+        pick = lambda fresh, stepped: jnp.where(reset, fresh, stepped)  # noqa: E731
+        return (
+            pick(new_obs, obs),
+            jax.tree.map(pick, new_state, next_state),
+            jnp.where(reset, 0.0, reward).astype(jnp.float32),
+            ~reset & terminated.astype(bool),
+            ~reset & truncated.astype(bool),
+        )
+
+    obs, state, reward, terminated, truncated = jax.vmap(one)(
+        carry.state, action, keys[:, 1], keys[:, 2], carry.prev_done
+    )
+    real = ~carry.prev_done
+    episode_return = carry.episode_return + reward * real
+    episode_len = carry.episode_len + real.astype(jnp.int32)
+    done = terminated | truncated
+    episodes = Episodes(done, jnp.where(done, episode_return, 0.0), jnp.where(done, episode_len, 0))
+    carry = EnvCarry(
+        state=state,
+        obs=obs,
+        prev_done=done,
+        key=carry.key,
+        episode_return=jnp.where(done, 0.0, episode_return),
+        episode_len=jnp.where(done, 0, episode_len),
+    )
+    return carry, reward, terminated, truncated, episodes
+
+
+def make_rollout(env: JaxEnv, policy: Callable, to_env_action: Callable, T: int) -> Callable:
+    """``rollout(params, carry) -> (carry, Trajectory, Episodes)``: ``T`` steps of every env.
+
+    ``policy(params, obs, keys) -> (action, dist_inputs)`` acts for the whole batch with one key
+    per env; ``to_env_action`` maps a policy action to the env's (bounds, offsets). The
+    Trajectory's ``param_version`` is None: the caller knows which params acted.
+    """
+
+    def row(params, carry: EnvCarry):
+        carry, keys = step_keys(carry)
+        obs, valid = carry.obs, ~carry.prev_done
+        action, dist_inputs = policy(params, obs, keys[:, 0])
+        carry, reward, terminated, truncated, episodes = step_envs(
+            env, carry, to_env_action(action), keys
+        )
+        out = (obs, action, dist_inputs.astype(jnp.float32), reward, terminated, truncated)
+        return carry, (*out, valid.astype(jnp.float32), episodes)
+
+    def rollout(params, carry: EnvCarry):
+        carry, rows = jax.lax.scan(lambda c, _: row(params, c), carry, None, length=T)
+        obs, action, dist_inputs, reward, terminated, truncated, valid, episodes = rows
+        traj = Trajectory(
+            obs=jnp.concatenate([obs, carry.obs[None]]),
+            action=action,
+            behaviour_logits=dist_inputs,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            valid=valid,
+            param_version=None,
+        )
+        return carry, traj, episodes
+
+    return rollout
+
+
+def sample_per_env(distribution, explore: bool) -> Callable:
+    """``sample(dist_inputs [B, P], keys [B]) -> actions``: env ``i`` samples with its own key
+    (``explore``), or every env takes the distribution's mode."""
+    if not explore:
+        return lambda dist_inputs, keys: distribution.mode(dist_inputs)
+
+    def one(key, dist_inputs):
+        return distribution.sample(key, dist_inputs[None])[0]
+
+    return lambda dist_inputs, keys: jax.vmap(one)(keys, dist_inputs)
+
+
+def make_policy_fn(networks, distribution, explore: bool = True) -> Callable:
+    """``policy(params, obs, keys) -> (action, dist_inputs)`` for ``make_rollout``."""
+    sample = sample_per_env(distribution, explore)
+
+    def policy(params, obs, keys):
+        dist_inputs, _ = networks.apply(params, obs)
+        return sample(dist_inputs, keys), dist_inputs
+
+    return policy

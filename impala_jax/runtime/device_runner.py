@@ -1,0 +1,228 @@
+"""IMPALA on device for envs written in JAX: acting, env stepping and the update in one program.
+
+``DeviceRunnerGroup`` stands where ``EnvRunnerGroup`` stands for a host env, with the same face
+towards the algorithm (episodes, counts, the ParamStore that evaluation and inference read), but
+without threads or queues: each ``update`` runs one compiled program that rolls out every env
+for ``T`` steps (core/rollout.py), as often as one learner batch needs, and hands the fragments
+to the learner's own per-device step (replay, schedules, loss, optimizer) on the same devices.
+The envs are split over the learner devices along the batch axis.
+
+``policy_lag`` = k: the envs act with the params of k updates before (the params before the
+last k updates, kept in a ring on device); 0 acts with the params being updated, so every
+importance weight of the first minibatch is 1. Over the first k updates after a start or a
+restore the ring holds the starting params, and the lag reported is the true one.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from impala_jax.core import optim
+from impala_jax.core.rollout import (
+    EnvCarry,
+    Episodes,
+    make_policy_fn,
+    make_rollout,
+    reset_envs,
+)
+from impala_jax.runtime import parallel
+from impala_jax.runtime.env_runner import ParamStore
+from impala_jax.runtime.jax_envs import action_map
+from impala_jax.runtime.metrics_logger import MetricsLogger
+
+# Episodes ended on device, as (ended, return, length) rows per update: batch-split like a
+# fragment's [T, B] rows.
+_EPISODE_SPEC = Episodes(*(parallel.TIME_MAJOR,) * 3)
+
+
+def _merge_rollouts(x):
+    """``[n, T(+1), b, ...]`` from n rollouts -> ``[T(+1), n * b, ...]``, rollout-major columns."""
+    x = jnp.moveaxis(x, 0, 1)
+    return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+
+
+class DeviceRunnerGroup:
+    """The on-device rollouts of a run, and the one program that samples and updates."""
+
+    def __init__(self, config, env, policy, learner, actor_device, seed: int, example):
+        """``env``: a ``core.rollout.JaxEnv`` with gymnasium spaces; ``policy``: the run's
+        ``acting.Policy``; ``example()``: a host batch like the learner's (replay's slots)."""
+        if jax.process_count() > 1:
+            raise ValueError(
+                f"environment(env={config.env!r}): an env written in JAX trains on the devices "
+                "of one process; several processes (--num-processes) need a host env id."
+            )
+        self.config = config
+        self.runners: list = []  # no runner threads: the rollout is part of the update
+        self._learner = learner
+        self._example = example
+        T = config.get_rollout_fragment_length()
+        num_envs = config.num_envs_per_env_runner * max(1, config.num_env_runners)
+        devices, columns = learner.num_devices, learner.step_spec.columns
+        envs_per_device = num_envs // devices
+        if num_envs % devices or columns % envs_per_device:
+            raise ValueError(
+                f"env {config.env!r} on device: num_envs_per_env_runner x max(1, "
+                f"num_env_runners) = {num_envs} envs over {devices} learner device(s) must "
+                f"divide evenly, and each device's {columns} batch columns "
+                f"(train_batch_size_per_learner / rollout_fragment_length) must be a multiple "
+                f"of its envs; e.g. train_batch_size_per_learner="
+                f"{T * num_envs // devices} with these envs."
+            )
+        self.num_envs = num_envs
+        self.rollouts_per_update = columns // envs_per_device
+        self.env_steps_per_update = num_envs * T * self.rollouts_per_update
+        self.lag = config.policy_lag or 0
+        self.param_store = ParamStore(learner.state.params, actor_device)
+        self.metrics = MetricsLogger()  # what the group's callbacks would log: none on device
+        self._env = env
+        self._env_key = jax.random.key(seed)
+        self._restores = 0
+        self._sampled_base = 0
+        self._sampled = 0
+        self._since_fill = 0  # updates since the ring was filled: the lag grows to policy_lag
+        self._episodes: list[Episodes] = []
+        self._carry = self._reset_envs()
+        self._ring = self._fill_ring(learner.state.params)
+        rollout = make_rollout(
+            env,
+            make_policy_fn(policy.networks, policy.distribution, config.explore),
+            action_map(env.action_space, config.normalize_actions, config.clip_actions),
+            T,
+        )
+        self._program = self._compile(rollout, learner)
+
+    def _reset_envs(self) -> EnvCarry:
+        key = jax.random.fold_in(self._env_key, self._restores)
+        carry = jax.jit(reset_envs, static_argnums=(0, 2))(self._env, key, self.num_envs)
+        return parallel.put(carry, self._learner.mesh, parallel.LEADING, may_alias=False)
+
+    def _fill_ring(self, params):
+        """The acting params of the next ``policy_lag`` updates, all ``params``: ``()`` at 0."""
+        if not self.lag:
+            return ()
+        stack = jax.jit(lambda p: jax.tree.map(lambda x: jnp.stack([x] * self.lag), p))
+        return stack(params)
+
+    def _compile(self, rollout, learner):
+        step, n, lag = learner.per_device_step, self.rollouts_per_update, self.lag
+
+        def sample_and_update(state, replay, carry, ring, env_steps):
+            acting = state.params if not lag else jax.tree.map(lambda r: r[0], ring)
+
+            def one(carry, _):
+                carry, traj, episodes = rollout(acting, carry)
+                return carry, (traj, episodes)
+
+            carry, (trajs, episodes) = jax.lax.scan(one, carry, None, length=n)
+            batch = jax.tree.map(_merge_rollouts, trajs)
+            if lag:  # the params before this update join the ring; the oldest leave it
+                ring = jax.tree.map(
+                    lambda r, p: jnp.concatenate([r[1:], p[None]]), ring, state.params
+                )
+            state, replay, metrics = step(state, batch, replay, env_steps)
+            episodes = jax.tree.map(lambda x: x.reshape(-1, x.shape[-1]), episodes)
+            return state, replay, carry, ring, metrics, episodes
+
+        replay_spec = parallel.LEADING if learner.step_spec.replay_columns else ()
+        ring_spec = parallel.REPLICATED if lag else ()
+        return parallel.data_parallel(
+            sample_and_update,
+            learner.mesh,
+            in_specs=(
+                parallel.REPLICATED,
+                replay_spec,
+                parallel.LEADING,
+                ring_spec,
+                parallel.REPLICATED,
+            ),
+            out_specs=(
+                parallel.REPLICATED,
+                replay_spec,
+                parallel.LEADING,
+                ring_spec,
+                parallel.REPLICATED,
+                _EPISODE_SPEC,
+            ),
+            donate_argnums=(0, 1, 2, 3),
+        )
+
+    def update(self, learner) -> tuple[dict, np.ndarray]:
+        """One program: sample a batch with the acting params and update on it. Returns the
+        metrics (on device) and the ParamStore version of the params that acted, per column."""
+        if learner.step_spec.replay_columns and learner.replay == ():
+            learner.init_replay(self._example())
+        self._sampled += self.env_steps_per_update
+        env_steps = optim.env_steps_operand(self.num_env_steps_sampled_lifetime)
+        out = self._program(learner.state, learner.replay, self._carry, self._ring, env_steps)
+        learner.state, learner.replay, self._carry, self._ring, metrics, episodes = out
+        self._episodes.append(episodes)
+        lag = min(self.lag, self._since_fill)
+        self._since_fill += 1
+        columns = learner.step_spec.columns * learner.num_devices
+        return metrics, np.full(columns, self.param_store.version - lag, np.int32)
+
+    # The face EnvRunnerGroup shows the algorithm.
+
+    def start(self, to_device=None) -> None:
+        """Nothing to start: the rollout runs inside each update."""
+
+    def publish(self, params) -> None:
+        self.param_store.publish(params)
+
+    def begin_iteration(self) -> None:
+        pass
+
+    def end_iteration(self) -> None:
+        pass
+
+    @property
+    def num_env_steps_sampled_lifetime(self) -> int:
+        return self._sampled_base + self._sampled
+
+    def set_num_env_steps_sampled_lifetime(self, value: int) -> None:
+        self._sampled_base, self._sampled = value, 0
+
+    def drain_episodes_and_metrics(self) -> tuple[list[tuple[float, int]], dict]:
+        return self.drain_episodes(), self.metrics.reduce()
+
+    def drain_episodes(self) -> list[tuple[float, int]]:
+        """(return, length) of every episode that ended since the last call, in the order the
+        updates ran, then row by row, then env by env."""
+        drained, self._episodes = jax.device_get(self._episodes), []
+        out = []
+        for ended, returns, lengths in drained:
+            rows, cols = np.nonzero(ended)
+            out.extend(zip(returns[rows, cols].tolist(), lengths[rows, cols].tolist(), strict=True))
+        return out
+
+    def drain_timers(self) -> list[dict]:
+        return []
+
+    def queue_size(self) -> int:
+        return 0
+
+    def fault_tolerance_metrics(self) -> dict:
+        return {
+            "num_non_finite_fragments_dropped": 0,
+            "non_finite_fragments_by_env": {},
+            "num_healthy_workers": 0,
+            "num_remote_worker_restarts": 0,
+            "num_env_runner_failures": 0,
+            "num_env_restarts": 0,
+            "num_dropped_episodes": 0,
+        }
+
+    def restart_for_restore(self) -> None:
+        """After a restore: fresh envs (a new key), running episodes dropped, and the ring
+        refilled with the restored params at the next update."""
+        self._restores += 1
+        self._episodes = []
+        self._carry = self._reset_envs()
+        self._since_fill = 0
+        self._ring = self._fill_ring(self._learner.state.params)
+
+    def stop(self) -> None:
+        self._episodes = []

@@ -1,0 +1,137 @@
+"""Envs written in JAX: ``environment("gymnax:<id>")`` and its adapter to ``core.rollout.JaxEnv``.
+
+The prefix names gymnax's registry (``gymnax.make(<id>)``: classic control, MinAtar, bsuite,
+misc). It is read before gymnasium's ``"module:<id>"`` form, for this one module: gymnasium
+would import ``gymnax`` and look for a gymnasium id there. ``env_config`` sets fields of the
+env's ``EnvParams`` (``{"max_steps_in_episode": 200}``). Another family of JAX envs (Brax,
+Jumanji, Craftax) needs one adapter like ``GymnaxEnv``: pure ``reset(key)`` and
+``step(key, state, action)`` without autoreset, and gymnasium spaces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+# jax is imported where an env is made, not with this module: env_registry imports the prefix,
+# and the command line reads it before it starts JAX.
+
+GYMNAX_PREFIX = "gymnax:"
+
+
+def is_jax_env(env: Any) -> bool:
+    """Whether ``environment(env=...)`` names an env that steps on device."""
+    return isinstance(env, str) and env.startswith(GYMNAX_PREFIX)
+
+
+def import_gymnax():
+    try:
+        import gymnax
+    except ImportError as err:
+        raise ValueError(
+            f"environment('{GYMNAX_PREFIX}<id>') needs the gymnax package ({err}); install "
+            "the gymnax extra: pip install -e '.[gymnax]' (make test installs it)."
+        ) from err
+    return gymnax
+
+
+def gymnax_ids() -> list[str]:
+    return list(import_gymnax().registered_envs)
+
+
+def _to_gymnasium(space, what: str, name: str) -> gym.Space:
+    kind = type(space).__name__
+    if kind == "Discrete":
+        return gym.spaces.Discrete(int(space.n))
+    if kind == "Box":
+        shape = tuple(space.shape)
+        low = np.broadcast_to(np.asarray(space.low, np.float32), shape)
+        high = np.broadcast_to(np.asarray(space.high, np.float32), shape)
+        return gym.spaces.Box(low, high, shape, np.float32)
+    raise ValueError(
+        f"environment({name!r}): its {what} space is a gymnax {kind}; impala_jax takes Box and "
+        "Discrete spaces."
+    )
+
+
+class GymnaxEnv:
+    """One gymnax env with its params as a ``core.rollout.JaxEnv``, and its gymnasium spaces."""
+
+    def __init__(self, env: str, env_config: Mapping[str, Any] | None = None):
+        gymnax = import_gymnax()
+        env_id = env[len(GYMNAX_PREFIX) :]
+        if env_id not in gymnax.registered_envs:
+            close = difflib.get_close_matches(env_id, gymnax.registered_envs)
+            hint = f" Did you mean {', '.join(GYMNAX_PREFIX + c for c in close)}?" if close else ""
+            raise ValueError(
+                f"environment(env={env!r}): gymnax has no env {env_id!r}.{hint} Its envs: "
+                f"{', '.join(gymnax.registered_envs)}."
+            )
+        self.name = env
+        self._env, params = gymnax.make(env_id)
+        fields = [f.name for f in dataclasses.fields(params)]
+        unknown = sorted(set(env_config or {}) - set(fields))
+        if unknown:
+            raise ValueError(
+                f"environment(env={env!r}, env_config=...): {unknown} are not fields of "
+                f"{type(params).__name__}; its fields: {fields}."
+            )
+        self.params = params.replace(**dict(env_config or {}))
+        self.observation_space = _to_gymnasium(
+            self._env.observation_space(self.params), "observation", env
+        )
+        self.action_space = _to_gymnasium(self._env.action_space(self.params), "action", env)
+
+    def reset(self, key):
+        import jax.numpy as jnp
+
+        obs, state = self._env.reset_env(key, self.params)
+        return obs.astype(jnp.float32), state
+
+    def step(self, key, state, action):
+        import jax.numpy as jnp
+
+        obs, state, reward, terminated, _ = self._env.step_env(key, state, action, self.params)
+        truncated = self._env.is_truncated(state, self.params)
+        return obs.astype(jnp.float32), state, reward, terminated, truncated
+
+
+def make_jax_env(env: str, env_config: Mapping[str, Any] | None = None) -> GymnaxEnv:
+    return GymnaxEnv(env, env_config)
+
+
+def action_map(space: gym.Space, normalize_actions: bool, clip_actions: bool) -> Callable:
+    """The policy's action -> the env's, inside a compiled program (``ActionAdapter``'s rules:
+    a bounded Box is scaled from [-1, 1] with ``normalize_actions``, else clipped with
+    ``clip_actions``). A bounded Box with neither cannot be checked on device:
+    ``check_device_actions`` rejects it."""
+    import jax.numpy as jnp
+
+    if isinstance(space, gym.spaces.Discrete):
+        start = int(space.start)
+        return (lambda a: a + start) if start else (lambda a: a)
+    low, high = space.low.astype(np.float32), space.high.astype(np.float32)
+    bounded = bool(np.all(np.isfinite(low)) and np.all(np.isfinite(high)))
+    if bounded and normalize_actions:
+        return lambda a: jnp.clip(low + (a + 1.0) * 0.5 * (high - low), low, high)
+    if bounded and clip_actions:
+        return lambda a: jnp.clip(a, low, high)
+    return lambda a: a
+
+
+def check_device_actions(space: gym.Space, normalize_actions: bool, clip_actions: bool, env):
+    """Raises when the policy's actions could leave the env's bounds unnoticed on device."""
+    if not isinstance(space, gym.spaces.Box):
+        return
+    bounded = bool(np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)))
+    if bounded and not (normalize_actions or clip_actions):
+        raise ValueError(
+            f"environment(env={env!r}, normalize_actions=False, clip_actions=False): on device "
+            "an action outside the bounds of the action space cannot be caught and reported; "
+            "set normalize_actions=True (the default) or clip_actions=True."
+        )

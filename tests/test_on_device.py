@@ -1,0 +1,238 @@
+"""IMPALA on device for envs written in JAX (``"gymnax:<id>"``): the rollout's layout against
+the host runner's, the policy lag, devices, determinism, learning and the algorithm's surface."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from impala_jax import IMPALAConfig
+from impala_jax.core.rollout import make_rollout, reset_envs
+from impala_jax.runtime.env_runner import EnvRunner, ParamStore
+from impala_jax.runtime.jax_envs import make_jax_env
+
+ENV = "gymnax:CartPole-v1"
+
+
+def _small(lag=None, num_learners=0, seed=3) -> IMPALAConfig:
+    """16 envs x 20 steps, one minibatch of two rollouts per update, no replay."""
+    return (
+        IMPALAConfig()
+        .environment(ENV)
+        .env_runners(
+            num_env_runners=0,
+            num_envs_per_env_runner=16,
+            rollout_fragment_length=20,
+            policy_lag=lag,
+        )
+        .training(
+            train_batch_size_per_learner=640 // max(1, num_learners),
+            minibatch_size=640,
+            num_epochs=1,
+            lr=0.01,
+        )
+        .learners(num_learners=num_learners)
+        .reporting(min_time_s_per_iteration=0, min_sample_timesteps_per_iteration=0)
+        .debugging(seed=seed)
+    )
+
+
+def _train(config, iterations: int):
+    with config.build() as algo:
+        results = [algo.train() for _ in range(iterations)]
+        params = jax.device_get(algo.learner.state.params)
+    return results, params
+
+
+def _leaves_equal(a, b) -> bool:
+    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    return all(np.array_equal(x, y) for x, y in pairs)
+
+
+def test_host_and_device_rollouts_give_identical_trajectories():
+    """The same gymnax envs (same keys) and the same actions, stepped by the host runner
+    through its adapter and by the compiled rollout, give the same fragments row for row:
+    observations, bootstrap rows, rewards, both flags and the reset rows' masks."""
+    T, n, seed = 25, 6, 5
+    config = IMPALAConfig().environment(ENV)
+    config = config.env_runners(num_env_runners=0, num_envs_per_env_runner=n)
+    config = config.env_runners(rollout_fragment_length=T)
+    params = {"unused": jnp.zeros(1)}
+
+    def host_act(params, obs, key):  # pushes the cart the way it moves: episodes end soon
+        obs = np.asarray(obs)
+        return (obs[:, 1] > 0).astype(np.int32), obs[:, :2].copy(), key
+
+    def device_policy(params, obs, keys):
+        return (obs[:, 1] > 0).astype(jnp.int32), obs[:, :2]
+
+    runner = EnvRunner(
+        config, 0, host_act, host_act, ParamStore(params, jax.devices()[0]), seed=seed
+    )
+    env = make_jax_env(ENV)
+    rollout = jax.jit(make_rollout(env, device_policy, lambda a: a, T))
+    carry = reset_envs(env, jax.random.key(seed), n)
+    device_episodes = []
+    try:
+        for _ in range(4):
+            (host,) = runner.sample()
+            carry, device, episodes = rollout(params, carry)
+            for field in ("obs", "action", "behaviour_logits", "reward", "terminated"):
+                np.testing.assert_array_equal(getattr(host, field), getattr(device, field), field)
+            for field in ("truncated", "valid"):
+                np.testing.assert_array_equal(getattr(host, field), getattr(device, field), field)
+            ended = np.asarray(episodes.ended)
+            rows, cols = np.nonzero(ended)
+            device_episodes += list(
+                zip(
+                    np.asarray(episodes.episode_return)[rows, cols].tolist(),
+                    np.asarray(episodes.episode_len)[rows, cols].tolist(),
+                    strict=True,
+                )
+            )
+            assert (host.valid == 0).any() and host.terminated.any()  # resets were compared
+        assert runner.episodes.drain() == device_episodes
+    finally:
+        runner.close()
+
+
+def test_lag_zero_acts_with_the_params_being_updated():
+    """Policy lag 0: every importance weight of the one minibatch is 1 (exactly at the first
+    update; later within float32 rounding, the actor's and the learner's forward passes
+    running on different batch shapes); the reported lag is 0."""
+    results, _ = _train(_small(lag=0), 4)
+    first = results[0]["learners"]["default_policy"]
+    assert first["mean_rho"] == 1.0 and first["max_rho"] == 1.0
+    for result in results:
+        learner = result["learners"]["default_policy"]
+        assert abs(learner["max_rho"] - 1.0) < 1e-6 and abs(learner["mean_rho"] - 1.0) < 1e-6
+        assert result["perf"]["policy_lag_max"] == 0
+
+
+def test_lag_k_is_the_reported_lag_and_moves_rho():
+    """Policy lag 2: the lag grows 0, 1, 2 over the first updates and stays at 2; acting with
+    older params shows in the importance weights."""
+    results, _ = _train(_small().env_runners(policy_lag=2), 4)
+    assert [r["perf"]["policy_lag_max"] for r in results] == [0, 1, 2, 2]
+    assert results[3]["perf"]["policy_lag_mean"] == 2.0
+    assert abs(results[3]["learners"]["default_policy"]["mean_rho"] - 1.0) > 1e-4
+
+
+def test_one_device_equals_two_devices():
+    """The envs split over two learner devices give the same envs, actions and update as on
+    one device: the episodes match exactly, the params to float32 rounding."""
+    if len(jax.devices()) < 2:
+        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count=2)")
+    one, params_one = _train(_small(num_learners=1), 3)
+    two, params_two = _train(_small(num_learners=2), 3)
+    for a, b in zip(one, two, strict=True):
+        assert a["env_runners"]["episode_return_mean"] == b["env_runners"]["episode_return_mean"]
+        assert a["num_env_steps_sampled_lifetime"] == b["num_env_steps_sampled_lifetime"]
+    # Adam divides by the gradient's running scale, so the rounding of a near-zero gradient
+    # (summed in another order over two devices) moves a weight by a small fraction of lr.
+    for x, y in zip(jax.tree.leaves(params_one), jax.tree.leaves(params_two), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-4)
+
+
+def test_the_same_seed_twice_is_bit_identical_and_another_seed_is_not():
+    a, params_a = _train(_small(lag=1), 3)
+    b, params_b = _train(_small(lag=1), 3)
+    _, params_c = _train(_small(lag=1, seed=4), 3)
+    assert _leaves_equal(params_a, params_b)
+    assert not _leaves_equal(params_a, params_c)
+    for x, y in zip(a, b, strict=True):
+        assert x["learners"]["default_policy"] == y["learners"]["default_policy"]
+
+
+def test_cartpole_experiment_learns_on_device_with_only_the_env_changed():
+    """experiments/cartpole.py's settings with the gymnax env: 450 within its 3 M budget."""
+    from impala_jax.cli.experiment import load_experiment
+
+    config, stop = load_experiment("experiments/cartpole.py")
+    config = config.environment(ENV)
+    with config.build() as algo:
+        while True:
+            result = algo.train()
+            ret = result["env_runners"].get("episode_return_mean", float("nan"))
+            steps = result["num_env_steps_sampled_lifetime"]
+            if ret >= 450 or steps >= stop["num_env_steps_sampled_lifetime"]:
+                break
+    assert ret >= 450, (ret, steps)
+
+
+def test_the_algorithm_surface_on_device(tmp_path):
+    """train()'s result has every key the result schema names; evaluate(), actions, and a
+    checkpoint that restores the learner state exactly."""
+    from impala_jax.cli.experiment import result_schema
+
+    config = _small(lag=1).evaluation(evaluation_interval=2, evaluation_duration=3)
+    with config.build() as algo:
+        results = [algo.train() for _ in range(2)]
+        flat = _flatten(results[1])
+        schema = result_schema(config)
+        required = schema.keys - schema.optional_keys
+        missing = sorted(k for k in required if k not in flat and not k.startswith("timers/"))
+        assert results[1]["evaluation"]["env_runners"]["num_episodes"] >= 3
+        action = algo.compute_single_action(np.zeros(4, np.float32), explore=False)
+        assert action in (0, 1)
+        path = algo.save(tmp_path / "ckpt")
+        before = jax.device_get(algo.learner.state.params)
+        algo.train()
+        algo.restore(path)
+        assert _leaves_equal(before, jax.device_get(algo.learner.state.params))
+        after_restore = algo.train()
+        assert (
+            after_restore["num_env_steps_sampled_lifetime"]
+            > results[1]["num_env_steps_sampled_lifetime"]
+        )
+    assert not missing, missing
+
+
+def _flatten(d: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for k, v in d.items():
+        keys.add(prefix + k)
+        if isinstance(v, dict):
+            keys |= _flatten(v, prefix + k + "/")
+    return keys
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda c: c.training(broadcast_interval=2), "broadcast_interval"),
+        (lambda c: c.rl_module(model_config={"use_lstm": True}), "model_config"),
+        (lambda c: c.callbacks(on_episode_end=lambda **kw: None), "on_episode_end"),
+        (lambda c: c.env_runners(inference_backend="numpy"), "inference_backend"),
+        (lambda c: c.training(minibatch_buffer_size=2, num_epochs=2), "minibatch_buffer_size"),
+        (lambda c: c.env_runners(policy_lag=-1), "policy_lag"),
+    ],
+)
+def test_fields_without_meaning_on_device_are_errors(change, field):
+    with pytest.raises(ValueError, match=field):
+        change(_small()).validate()
+
+
+def test_policy_lag_with_a_host_env_is_an_error():
+    config = IMPALAConfig().environment("CartPole-v1").env_runners(policy_lag=1)
+    with pytest.raises(ValueError, match="policy_lag=1.*gymnax"):
+        config.validate()
+
+
+def test_envs_that_do_not_fill_the_batch_evenly_are_an_error():
+    config = _small().env_runners(num_envs_per_env_runner=24)
+    with pytest.raises(ValueError, match="train_batch_size_per_learner"):
+        config.build()
+
+
+def test_gymnax_ids_and_env_config():
+    env = make_jax_env("gymnax:CartPole-v1", {"max_steps_in_episode": 20})
+    assert env.params.max_steps_in_episode == 20
+    with pytest.raises(ValueError, match="max_step.*fields"):
+        make_jax_env("gymnax:CartPole-v1", {"max_step": 20})
+    with pytest.raises(ValueError, match="Did you mean 'gymnax:CartPole-v1'"):
+        IMPALAConfig().environment("gymnax:CartPol-v1").build()
+    breakout = make_jax_env("gymnax:Breakout-MinAtar")
+    assert breakout.observation_space.shape == (10, 10, 4) and breakout.action_space.n == 3
