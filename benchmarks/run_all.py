@@ -26,6 +26,7 @@ BENCHMARKS = [
     ("learner", ["-m", "benchmarks.learner"], 560),
     ("end_to_end_cartpole", ["-m", "benchmarks.end_to_end", "--env", "cartpole"], 180),
     ("time_to_450", ["-m", "benchmarks.time_to_450"], 600),
+    ("on_device", ["-m", "benchmarks.on_device"], 600),
     ("stability", ["-m", "benchmarks.stability"], 600),
     ("end_to_end_pong", ["-m", "benchmarks.end_to_end", "--env", "pong"], 300),
     ("tune_overhead", ["-m", "benchmarks.tune_overhead"], 600),
@@ -114,6 +115,24 @@ def summarize(results: dict) -> list[dict]:
                 "goal": "peak memory of the CartPole process < 1 GiB",
                 "value": f"{t450['max_peak_rss_mib']:.0f} MiB (max over seeds)",
                 "met": t450["goal_met_memory"],
+            }
+        )
+    device = results.get("on_device")
+    if device:
+        dev, host = device["device"], device["envpool"]
+        rows.append(
+            {
+                "benchmark": "on_device",
+                "goal": "CartPole training on device (gymnax) >= 1.5x the envpool path, "
+                "same config, same run",
+                "value": f"{device['ratio_device_to_envpool']:.2f}x: "
+                f"{dev['env_steps_per_s']:,.0f} vs {host['env_steps_per_s']:,.0f} env steps/s, "
+                f"{dev['cpu_us_per_env_step']:.2f} vs {host['cpu_us_per_env_step']:.2f} CPU us "
+                f"per env step; 450 in {dev['median_wall_s_to_450_cold']:.1f} s cold, "
+                f"{dev['median_wall_s_to_450_warm']:.1f} s warm "
+                f"(envpool {host['median_wall_s_to_450_cold']:.1f} s, "
+                f"{host['median_wall_s_to_450_warm']:.1f} s)",
+                "met": device["goal_met"],
             }
         )
     stability = results.get("stability")
