@@ -236,3 +236,22 @@ def test_gymnax_ids_and_env_config():
         IMPALAConfig().environment("gymnax:CartPol-v1").build()
     breakout = make_jax_env("gymnax:Breakout-MinAtar")
     assert breakout.observation_space.shape == (10, 10, 4) and breakout.action_space.n == 3
+
+
+def test_making_a_gymnax_env_imports_only_its_module():
+    """``import gymnax`` imports every env family, and with them seaborn and matplotlib's
+    pyplot; a run imports the one module its env needs, and gymnax still imports whole after."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from impala_jax.runtime.jax_envs import make_jax_env\n"
+        "make_jax_env('gymnax:CartPole-v1')\n"
+        "heavy = [m for m in ('seaborn', 'matplotlib.pyplot', 'gymnax.registration') "
+        "if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "import gymnax\n"
+        "assert type(gymnax.make('CartPole-v1')[0]).__name__ == 'CartPole'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -14,13 +14,13 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
-import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import gymnasium as gym
 
+from impala_jax.runtime.import_path import bare_package, take_out
 from impala_jax.runtime.jax_envs import GYMNAX_PREFIX, gymnax_ids
 
 
@@ -61,28 +61,8 @@ def import_envpool():
         stand_ins = {}
         import envpool
     finally:
-        _take_out(stand_ins)
+        take_out(stand_ins)
     return envpool
-
-
-def bare_package(name: str, path: Path) -> types.ModuleType:
-    """An empty package ``name`` whose submodules are found in ``path``: it stands in for a
-    package while some of its submodules import, without running its ``__init__``."""
-    package = types.ModuleType(name)
-    package.__path__ = [str(path)]
-    package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-    package.__spec__.submodule_search_locations = [str(path)]
-    return package
-
-
-def _take_out(stand_ins: dict) -> None:
-    """Removes import_envpool's stand-in packages from sys.modules and from their parents."""
-    for name, package in stand_ins.items():
-        if sys.modules.get(name) is package:
-            del sys.modules[name]
-        parent, _, child = name.rpartition(".")
-        if getattr(sys.modules.get(parent), child, None) is package:
-            delattr(sys.modules[parent], child)
 
 
 @functools.cache

@@ -10,13 +10,21 @@ Jumanji, Craftax) needs one adapter like ``GymnaxEnv``: pure ``reset(key)`` and
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import functools
+import importlib
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+from impala_jax.runtime.import_path import bare_package, take_out
 
 # jax is imported where an env is made, not with this module: env_registry imports the prefix,
 # and the command line reads it before it starts JAX.
@@ -29,19 +37,83 @@ def is_jax_env(env: Any) -> bool:
     return isinstance(env, str) and env.startswith(GYMNAX_PREFIX)
 
 
-def import_gymnax():
+def _missing(err: Exception) -> ValueError:
+    return ValueError(
+        f"environment('{GYMNAX_PREFIX}<id>') needs the gymnax package ({err}); install "
+        "the gymnax extra: pip install -e '.[gymnax]' (make test installs it)."
+    )
+
+
+@functools.cache
+def _builtin_envs() -> dict[str, tuple[str, str]]:
+    """``id -> (module, class)`` of gymnax's own envs, read from its registration module's
+    source without running it: ``import gymnax`` imports every env family, and with them
+    matplotlib, seaborn and scipy.stats, for the one env a run makes. Empty when the source
+    is not laid out as expected (``make_gymnax_env`` then imports gymnax plainly)."""
+    spec = importlib.util.find_spec("gymnax")
+    if spec is None or spec.origin is None:
+        return {}
     try:
-        import gymnax
+        tree = ast.parse(Path(spec.origin).with_name("registration.py").read_text())
+    except (OSError, SyntaxError):
+        return {}
+    modules = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gymnax."):
+            for alias in node.names:
+                modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    table = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Dict):
+            continue
+        for key, value in zip(node.keys, node.values, strict=True):
+            named = isinstance(key, ast.Constant) and isinstance(key.value, str)
+            if named and isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name):
+                if value.value.id in modules:
+                    table[key.value] = (modules[value.value.id], value.attr)
+    return table
+
+
+def _full_registry():
+    """gymnax's own registration module (every family imported), or a clear error."""
+    try:
+        return importlib.import_module("gymnax.registration")
     except ImportError as err:
-        raise ValueError(
-            f"environment('{GYMNAX_PREFIX}<id>') needs the gymnax package ({err}); install "
-            "the gymnax extra: pip install -e '.[gymnax]' (make test installs it)."
-        ) from err
-    return gymnax
+        raise _missing(err) from err
 
 
 def gymnax_ids() -> list[str]:
-    return list(import_gymnax().registered_envs)
+    """The ids ``"gymnax:<id>"`` can name: gymnax's own, and those registered at run time once
+    the user has imported gymnax."""
+    if "gymnax.registration" in sys.modules or not _builtin_envs():
+        return list(_full_registry().registered_envs)
+    return list(_builtin_envs())
+
+
+def make_gymnax_env(env_id: str):
+    """``(env, default params)`` of one gymnax id, importing only its module where it can."""
+    where = _builtin_envs().get(env_id)
+    if where is None or "gymnax.registration" in sys.modules:
+        return _full_registry().make(env_id)
+    module, cls = where
+    root = Path(importlib.util.find_spec("gymnax").origin).parent
+    parts = module.split(".")[1:-1]  # the packages between gymnax and the env's module
+    stand_ins = {}
+    for depth in range(len(parts) + 1):
+        name = ".".join(("gymnax", *parts[:depth]))
+        if name not in sys.modules:
+            stand_ins[name] = bare_package(name, root.joinpath(*parts[:depth]))
+    sys.modules.update(stand_ins)
+    try:
+        env = getattr(importlib.import_module(module), cls)()
+    except Exception:  # a module that needs its package after all: the plain import
+        take_out(stand_ins)
+        for name in [n for n in sys.modules if n == module]:
+            del sys.modules[name]
+        return _full_registry().make(env_id)
+    finally:
+        take_out(stand_ins)
+    return env, env.default_params
 
 
 def _to_gymnasium(space, what: str, name: str) -> gym.Space:
@@ -63,17 +135,16 @@ class GymnaxEnv:
     """One gymnax env with its params as a ``core.rollout.JaxEnv``, and its gymnasium spaces."""
 
     def __init__(self, env: str, env_config: Mapping[str, Any] | None = None):
-        gymnax = import_gymnax()
-        env_id = env[len(GYMNAX_PREFIX) :]
-        if env_id not in gymnax.registered_envs:
-            close = difflib.get_close_matches(env_id, gymnax.registered_envs)
+        env_id, ids = env[len(GYMNAX_PREFIX) :], gymnax_ids()
+        if env_id not in ids:
+            close = difflib.get_close_matches(env_id, ids)
             hint = f" Did you mean {', '.join(GYMNAX_PREFIX + c for c in close)}?" if close else ""
             raise ValueError(
                 f"environment(env={env!r}): gymnax has no env {env_id!r}.{hint} Its envs: "
-                f"{', '.join(gymnax.registered_envs)}."
+                f"{', '.join(ids)}."
             )
         self.name = env
-        self._env, params = gymnax.make(env_id)
+        self._env, params = make_gymnax_env(env_id)
         fields = [f.name for f in dataclasses.fields(params)]
         unknown = sorted(set(env_config or {}) - set(fields))
         if unknown:
