@@ -4,7 +4,7 @@ from impala_jax.rllib import tune_hook
 from impala_jax.rllib.config import IMPALAConfig, NotProvided
 from impala_jax.rllib.module_spec import RLModuleSpec
 
-__all__ = ["IMPALA", "IMPALAConfig", "NotProvided", "RLModuleSpec", "register_env"]
+__all__ = ["IMPALA", "IMPALAConfig", "NotProvided", "RLModuleSpec", "SeedGroup", "register_env"]
 
 
 # Ray Tune's "IMPALA" is impala_jax's once ray.tune is imported, before or after this line;
@@ -18,6 +18,10 @@ def __getattr__(name: str):
         from impala_jax.rllib.algorithm import IMPALA
 
         return IMPALA
+    if name == "SeedGroup":  # several seeds of an on-device run in one program
+        from impala_jax.rllib.seed_group import SeedGroup
+
+        return SeedGroup
     if name == "register_env":  # RLlib's ray.tune.register_env, without ray
         from impala_jax.runtime.env_registry import register_env
 
@@ -26,4 +30,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"IMPALA", "register_env"})
+    return sorted(set(globals()) | {"IMPALA", "SeedGroup", "register_env"})

@@ -255,3 +255,37 @@ def test_making_a_gymnax_env_imports_only_its_module():
         "assert type(gymnax.make('CartPole-v1')[0]).__name__ == 'CartPole'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_seed_i_of_a_group_is_seed_i_alone():
+    """Two seeds vmapped in one program (with replay and a lag) give each seed's run alone:
+    the same episodes, the same losses and params to float32 rounding."""
+    from impala_jax import SeedGroup
+
+    config = _small(lag=1).training(replay_proportion=1.0, replay_buffer_num_slots=64)
+    with SeedGroup(config, [3, 4]) as group:
+        grouped = [group.train() for _ in range(3)]
+        weights = [group.get_weights(s)["default_policy"] for s in (3, 4)]
+    for i, seed in enumerate((3, 4)):
+        alone, params = _train(config.debugging(seed=seed), 3)
+        for a, b in zip(alone, [results[i] for results in grouped], strict=True):
+            assert b["seed"] == seed
+            assert (
+                a["env_runners"]["episode_return_mean"] == b["env_runners"]["episode_return_mean"]
+            )
+            assert a["num_env_steps_sampled_lifetime"] == b["num_env_steps_sampled_lifetime"]
+            assert a["perf"]["policy_lag_mean"] == b["perf"]["policy_lag_mean"]
+            la, lb = a["learners"]["default_policy"], b["learners"]["default_policy"]
+            assert la["total_loss"] == pytest.approx(lb["total_loss"], rel=1e-4)
+        pairs = zip(jax.tree.leaves(params), jax.tree.leaves(weights[i]), strict=True)
+        for x, y in pairs:  # Adam's normalised step: see test_one_device_equals_two_devices
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-4)
+
+
+def test_seed_group_errors():
+    from impala_jax import SeedGroup
+
+    with pytest.raises(ValueError, match="gymnax"):
+        SeedGroup(IMPALAConfig().environment("CartPole-v1"), [0, 1])
+    with pytest.raises(ValueError, match="distinct"):
+        SeedGroup(_small(), [1, 1])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from impala_jax.core import optim
 from impala_jax.core.rollout import (
@@ -27,20 +28,114 @@ from impala_jax.core.rollout import (
     make_rollout,
     reset_envs,
 )
+from impala_jax.core.types import LEARNER_AXIS
 from impala_jax.runtime import parallel
 from impala_jax.runtime.env_runner import ParamStore
 from impala_jax.runtime.jax_envs import action_map
 from impala_jax.runtime.metrics_logger import MetricsLogger
-
-# Episodes ended on device, as (ended, return, length) rows per update: batch-split like a
-# fragment's [T, B] rows.
-_EPISODE_SPEC = Episodes(*(parallel.TIME_MAJOR,) * 3)
 
 
 def _merge_rollouts(x):
     """``[n, T(+1), b, ...]`` from n rollouts -> ``[T(+1), n * b, ...]``, rollout-major columns."""
     x = jnp.moveaxis(x, 0, 1)
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+
+
+def rollout_plan(config, learner) -> tuple[int, int, int]:
+    """``(envs, rollouts per update, env steps per update)`` of an on-device run: the envs
+    split evenly over the learner devices, each device's batch columns a whole number of
+    rollouts of its envs (else a ValueError naming the fields)."""
+    T = config.get_rollout_fragment_length()
+    num_envs = config.num_envs_per_env_runner * max(1, config.num_env_runners)
+    devices, columns = learner.num_devices, learner.step_spec.columns
+    envs_per_device = num_envs // devices
+    if num_envs % devices or columns % envs_per_device:
+        raise ValueError(
+            f"env {config.env!r} on device: num_envs_per_env_runner x max(1, "
+            f"num_env_runners) = {num_envs} envs over {devices} learner device(s) must "
+            f"divide evenly, and each device's {columns} batch columns "
+            f"(train_batch_size_per_learner / rollout_fragment_length) must be a multiple "
+            f"of its envs; e.g. train_batch_size_per_learner="
+            f"{T * num_envs // devices} with these envs."
+        )
+    rollouts = columns // envs_per_device
+    return num_envs, rollouts, num_envs * T * rollouts
+
+
+def device_rollout(config, env, policy):
+    """The config's rollout of ``env`` with ``policy`` (an ``acting.Policy``)."""
+    return make_rollout(
+        env,
+        make_policy_fn(policy.networks, policy.distribution, config.explore),
+        action_map(env.action_space, config.normalize_actions, config.clip_actions),
+        config.get_rollout_fragment_length(),
+    )
+
+
+def initial_envs(env, seed: int, restores: int, num_envs: int) -> EnvCarry:
+    """A run's envs: from ``seed``'s key, and after each restore from a new one."""
+    key = jax.random.fold_in(jax.random.key(seed), restores)
+    return jax.jit(reset_envs, static_argnums=(0, 2))(env, key, num_envs)
+
+
+def acting_ring(params, lag: int, seeds: bool = False):
+    """The acting params of the next ``lag`` updates, all ``params`` (``()`` at lag 0);
+    ``seeds``: params with a leading seed axis, a ring per seed."""
+    if not lag:
+        return ()
+    axis = 1 if seeds else 0
+    return jax.jit(lambda p: jax.tree.map(lambda x: jnp.stack([x] * lag, axis=axis), p))(params)
+
+
+def sample_and_update_fn(rollout, step, rollouts: int, lag: int):
+    """The per-device ``(state, replay, carry, ring, env_steps) -> (state, replay, carry, ring,
+    metrics, episodes)``: ``rollouts`` rollouts with the acting params, then ``step``."""
+
+    def sample_and_update(state, replay, carry, ring, env_steps):
+        acting = state.params if not lag else jax.tree.map(lambda r: r[0], ring)
+
+        def one(carry, _):
+            carry, traj, episodes = rollout(acting, carry)
+            return carry, (traj, episodes)
+
+        carry, (trajs, episodes) = jax.lax.scan(one, carry, None, length=rollouts)
+        batch = jax.tree.map(_merge_rollouts, trajs)
+        if lag:  # the params before this update join the ring; the oldest leave it
+            ring = jax.tree.map(lambda r, p: jnp.concatenate([r[1:], p[None]]), ring, state.params)
+        state, replay, metrics = step(state, batch, replay, env_steps)
+        episodes = jax.tree.map(lambda x: x.reshape(-1, x.shape[-1]), episodes)
+        return state, replay, carry, ring, metrics, episodes
+
+    return sample_and_update
+
+
+def device_program(rollout, learner, rollouts: int, lag: int, seeds: bool = False):
+    """The compiled program over the learner's mesh, donating the state, the replay slots, the
+    envs and the ring. ``seeds``: every input but ``env_steps`` has a leading seed axis, and the
+    program maps the step over it (``DeviceSeeds``)."""
+    fn = sample_and_update_fn(rollout, learner.per_device_step, rollouts, lag)
+    split, rows, replay_spec = parallel.LEADING, parallel.TIME_MAJOR, parallel.LEADING
+    if seeds:
+        fn = jax.vmap(fn, in_axes=(0, 0, 0, 0, None))
+        split, rows = P(None, LEARNER_AXIS), P(None, None, LEARNER_AXIS)
+        replay_spec = split
+    replay_spec = replay_spec if learner.step_spec.replay_columns else ()
+    ring_spec = parallel.REPLICATED if lag else ()
+    replicated = parallel.REPLICATED
+    return parallel.data_parallel(
+        fn,
+        learner.mesh,
+        in_specs=(replicated, replay_spec, split, ring_spec, replicated),
+        out_specs=(
+            replicated,
+            replay_spec,
+            split,
+            ring_spec,
+            replicated,
+            Episodes(rows, rows, rows),
+        ),
+        donate_argnums=(0, 1, 2, 3),
+    )
 
 
 class DeviceRunnerGroup:
@@ -58,96 +153,27 @@ class DeviceRunnerGroup:
         self.runners: list = []  # no runner threads: the rollout is part of the update
         self._learner = learner
         self._example = example
-        T = config.get_rollout_fragment_length()
-        num_envs = config.num_envs_per_env_runner * max(1, config.num_env_runners)
-        devices, columns = learner.num_devices, learner.step_spec.columns
-        envs_per_device = num_envs // devices
-        if num_envs % devices or columns % envs_per_device:
-            raise ValueError(
-                f"env {config.env!r} on device: num_envs_per_env_runner x max(1, "
-                f"num_env_runners) = {num_envs} envs over {devices} learner device(s) must "
-                f"divide evenly, and each device's {columns} batch columns "
-                f"(train_batch_size_per_learner / rollout_fragment_length) must be a multiple "
-                f"of its envs; e.g. train_batch_size_per_learner="
-                f"{T * num_envs // devices} with these envs."
-            )
-        self.num_envs = num_envs
-        self.rollouts_per_update = columns // envs_per_device
-        self.env_steps_per_update = num_envs * T * self.rollouts_per_update
+        self.num_envs, self.rollouts_per_update, self.env_steps_per_update = rollout_plan(
+            config, learner
+        )
         self.lag = config.policy_lag or 0
         self.param_store = ParamStore(learner.state.params, actor_device)
         self.metrics = MetricsLogger()  # what the group's callbacks would log: none on device
         self._env = env
-        self._env_key = jax.random.key(seed)
+        self._seed = seed
         self._restores = 0
         self._sampled_base = 0
         self._sampled = 0
         self._since_fill = 0  # updates since the ring was filled: the lag grows to policy_lag
         self._episodes: list[Episodes] = []
         self._carry = self._reset_envs()
-        self._ring = self._fill_ring(learner.state.params)
-        rollout = make_rollout(
-            env,
-            make_policy_fn(policy.networks, policy.distribution, config.explore),
-            action_map(env.action_space, config.normalize_actions, config.clip_actions),
-            T,
-        )
-        self._program = self._compile(rollout, learner)
+        self._ring = acting_ring(learner.state.params, self.lag)
+        rollout = device_rollout(config, env, policy)
+        self._program = device_program(rollout, learner, self.rollouts_per_update, self.lag)
 
     def _reset_envs(self) -> EnvCarry:
-        key = jax.random.fold_in(self._env_key, self._restores)
-        carry = jax.jit(reset_envs, static_argnums=(0, 2))(self._env, key, self.num_envs)
+        carry = initial_envs(self._env, self._seed, self._restores, self.num_envs)
         return parallel.put(carry, self._learner.mesh, parallel.LEADING, may_alias=False)
-
-    def _fill_ring(self, params):
-        """The acting params of the next ``policy_lag`` updates, all ``params``: ``()`` at 0."""
-        if not self.lag:
-            return ()
-        stack = jax.jit(lambda p: jax.tree.map(lambda x: jnp.stack([x] * self.lag), p))
-        return stack(params)
-
-    def _compile(self, rollout, learner):
-        step, n, lag = learner.per_device_step, self.rollouts_per_update, self.lag
-
-        def sample_and_update(state, replay, carry, ring, env_steps):
-            acting = state.params if not lag else jax.tree.map(lambda r: r[0], ring)
-
-            def one(carry, _):
-                carry, traj, episodes = rollout(acting, carry)
-                return carry, (traj, episodes)
-
-            carry, (trajs, episodes) = jax.lax.scan(one, carry, None, length=n)
-            batch = jax.tree.map(_merge_rollouts, trajs)
-            if lag:  # the params before this update join the ring; the oldest leave it
-                ring = jax.tree.map(
-                    lambda r, p: jnp.concatenate([r[1:], p[None]]), ring, state.params
-                )
-            state, replay, metrics = step(state, batch, replay, env_steps)
-            episodes = jax.tree.map(lambda x: x.reshape(-1, x.shape[-1]), episodes)
-            return state, replay, carry, ring, metrics, episodes
-
-        replay_spec = parallel.LEADING if learner.step_spec.replay_columns else ()
-        ring_spec = parallel.REPLICATED if lag else ()
-        return parallel.data_parallel(
-            sample_and_update,
-            learner.mesh,
-            in_specs=(
-                parallel.REPLICATED,
-                replay_spec,
-                parallel.LEADING,
-                ring_spec,
-                parallel.REPLICATED,
-            ),
-            out_specs=(
-                parallel.REPLICATED,
-                replay_spec,
-                parallel.LEADING,
-                ring_spec,
-                parallel.REPLICATED,
-                _EPISODE_SPEC,
-            ),
-            donate_argnums=(0, 1, 2, 3),
-        )
 
     def update(self, learner) -> tuple[dict, np.ndarray]:
         """One program: sample a batch with the acting params and update on it. Returns the
@@ -222,7 +248,7 @@ class DeviceRunnerGroup:
         self._episodes = []
         self._carry = self._reset_envs()
         self._since_fill = 0
-        self._ring = self._fill_ring(self._learner.state.params)
+        self._ring = acting_ring(self._learner.state.params, self.lag)
 
     def stop(self) -> None:
         self._episodes = []

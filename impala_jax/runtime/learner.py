@@ -81,6 +81,8 @@ class Learner:
             zero = jnp.zeros((), jnp.int32)
             return LearnerState(params, opt_state, zero, state_key), replay_key
 
+        # Pure: a group of seeds side by side (rllib/seed_group.py) maps it over their keys.
+        self.init_state = init_state
         # One compiled program, not dozens of ops, and compiled without XLA's backend
         # optimizations: it runs once, and they would lengthen its compilation for nothing.
         # Created replicated on the mesh, not copied there leaf by leaf (a program per leaf).
@@ -144,7 +146,12 @@ class Learner:
             self.state, self._replay_key = traced.lower().compile(FAST_COMPILE)(key)
 
     def init_replay(self, example: Batch) -> None:
-        """Zeroed slots shaped like one column of ``example`` (a host fragment).
+        """Zeroed slots shaped like one column of ``example`` (a host fragment), on the mesh."""
+        replay = self.replay_slots(self._replay_key, example)
+        self.replay = parallel.put(replay, self.mesh, parallel.LEADING, may_alias=False)
+
+    def replay_slots(self, replay_key, example: Batch) -> Replay:
+        """Zeroed host slots for ``replay_key``'s run, shaped like one column of ``example``.
 
         Over several processes each process builds the part on its own devices (parallel.put
         assembles the global array from the processes' parts): slots and keys for those devices
@@ -163,10 +170,9 @@ class Learner:
         # Built on the host and placed in one transfer: as jnp ops, a dozen small programs to
         # compile or load from the cache at start-up.
         data = jax.tree.map(zeros, example._replace(param_version=None))
-        keys = jax.random.split(self._replay_key, self.num_devices)
+        keys = jax.random.split(replay_key, self.num_devices)
         keys = np.asarray(jax.random.key_data(keys))[np.asarray(mine)]
-        replay = Replay(data, np.zeros((n,), np.int32), keys)
-        self.replay = parallel.put(replay, self.mesh, parallel.LEADING, may_alias=False)
+        return Replay(data, np.zeros((n,), np.int32), keys)
 
     def init_replay_from_leaves(self, leaves: list) -> None:
         """Replay slots from the flat leaves of a saved ``Replay`` (see state_arrays), laid out
