@@ -26,6 +26,7 @@ import time
 from benchmarks import common
 
 PATHS = {"envpool": None, "device": "gymnax:CartPole-v1"}
+SEEDS = 8  # the seed group's size (rllib/seed_group.py): its aggregate env steps/s
 ROUNDS, QUICK_ROUNDS = 3, 1
 WINDOW, QUICK_WINDOW = 8, 4  # iterations of 0.25 s (the experiment's min_time_s_per_iteration)
 TARGET = 450.0
@@ -88,6 +89,41 @@ def child(path: str, seed: int, window: int, compile_cache: str, launched: float
     }
 
 
+def seeds_child(window: int, compile_cache: str, launched: float) -> dict:
+    """``SEEDS`` seeds of the device path in one program (run as ``--child seeds``): their
+    aggregate env steps/s over the window, and how many of them reached 450 by its end."""
+    from impala_jax import SeedGroup
+    from impala_jax.runtime.jax_setup import enable_compile_cache, initialize_lapack
+
+    enable_compile_cache(compile_cache)
+    initialize_lapack()
+    config, stop = common.load_experiment()
+    config.environment(PATHS["device"])
+    reached: set = set()
+    steps = 0
+    with SeedGroup(config, range(SEEDS)) as group:
+        built_s = time.time() - launched
+        for iteration in range(1 + window):
+            if iteration == 1:  # after the first, which compiles
+                cpu0, wall0, steps0 = time.process_time(), time.perf_counter(), steps
+            results = group.train()
+            steps = results[0]["num_env_steps_sampled_lifetime"]
+            reached |= {
+                r["seed"] for r in results if r["env_runners"]["episode_return_mean"] >= TARGET
+            }
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    return {
+        "path": "seeds",
+        "seeds": SEEDS,
+        "build_s_from_launch": built_s,
+        "env_steps_per_s": SEEDS * (steps - steps0) / wall,
+        "cpu_us_per_env_step": cpu / (SEEDS * (steps - steps0)) * 1e6,
+        "cores_used": cpu / wall,
+        "seeds_reaching_450": len(reached),
+        "env_steps_per_seed": steps,
+    }
+
+
 def launch(path: str, seed: int, window: int, compile_cache: str) -> dict:
     """One child process, launch to exit; its JSON line, or why there is none."""
     args = ["-m", "benchmarks.on_device", "--child", path, "--seed", str(seed)]
@@ -131,7 +167,11 @@ def main(argv=None) -> dict:
     args = common.parse_args(
         argv,
         __doc__.split("\n")[0],
-        child={"choices": list(PATHS), "default": None, "help": "internal: one measurement"},
+        child={
+            "choices": [*PATHS, "seeds"],
+            "default": None,
+            "help": "internal: one measurement",
+        },
         seed={"type": int, "default": 0, "help": "with --child"},
         window={"type": int, "default": WINDOW, "help": "with --child"},
         compile_cache={"default": "none", "help": "with --child"},
@@ -139,12 +179,16 @@ def main(argv=None) -> dict:
     )
     if args.child:
         launched = args.launched if args.launched is not None else time.time()
-        out = child(args.child, args.seed, args.window, args.compile_cache, launched)
+        if args.child == "seeds":
+            out = seeds_child(args.window, args.compile_cache, launched)
+        else:
+            out = child(args.child, args.seed, args.window, args.compile_cache, launched)
         print(json.dumps(out, default=str), flush=True)
         return out
     rounds = QUICK_ROUNDS if args.quick else ROUNDS
     window = QUICK_WINDOW if args.quick else WINDOW
     runs = []  # in launch order
+    seed_runs = []  # the seed group's, one per round after the others
     for r in range(rounds):
         # One cache per path and round: its cold process fills it, its warm one reads it.
         with tempfile.TemporaryDirectory(prefix="bench_on_device_") as cache:
@@ -152,6 +196,8 @@ def main(argv=None) -> dict:
                 for p in PATHS:
                     run = launch(p, r, window, f"{cache}/{p}")
                     runs.append({**run, "kind": kind, "round": r})
+            run = launch("seeds", r, window, f"{cache}/seeds")
+            seed_runs.append({**run, "kind": "cold", "round": r})
     rows = [
         [
             x["round"],
@@ -180,6 +226,14 @@ def main(argv=None) -> dict:
             f"{s['median_wall_s_to_450_warm']:.1f} s warm (medians)"
         )
     print(f"device / envpool, median training env steps/s: {ratio:.2f}")
+    seeds = summarise_seeds(seed_runs, paths["device"]["env_steps_per_s"])
+    print(
+        f"{SEEDS} seeds in one program: {seeds['env_steps_per_s']:,.0f} env steps/s in all, "
+        f"{seeds['ratio_to_one_device_run']:.2f}x one device run; seeds at 450 by the "
+        f"window's end: {seeds['seeds_reaching_450']}"
+        if seeds["ok"]
+        else f"{SEEDS} seeds in one program FAILED: {seed_runs[-1].get('error')}"
+    )
     payload = {
         "method": "experiments/cartpole.py, envpool CartPole-v1 vs gymnax:CartPole-v1 on "
         "device; each measurement a fresh process, per round envpool cold, device cold, "
@@ -192,12 +246,29 @@ def main(argv=None) -> dict:
         "envpool": paths["envpool"],
         "device": paths["device"],
         "ratio_device_to_envpool": ratio,
+        "seed_group": seeds,
         "goal": f"training env steps/s on device >= {GOAL_RATIO} x the envpool path's, "
         "same config, same run",
         "goal_met": ratio >= GOAL_RATIO,
     }
     common.write_result("on_device", payload, args.quick)
     return payload
+
+
+def summarise_seeds(runs: list[dict], device_rate: float) -> dict:
+    ok = [r for r in runs if r["ok"]]
+    if not ok:
+        return {"ok": False, "runs": runs}
+    rate = common.median([r["env_steps_per_s"] for r in ok])
+    return {
+        "ok": True,
+        "seeds": SEEDS,
+        "runs": runs,
+        "env_steps_per_s": rate,
+        "cpu_us_per_env_step": common.median([r["cpu_us_per_env_step"] for r in ok]),
+        "seeds_reaching_450": [r["seeds_reaching_450"] for r in ok],
+        "ratio_to_one_device_run": rate / device_rate,
+    }
 
 
 if __name__ == "__main__":

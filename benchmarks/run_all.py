@@ -135,6 +135,17 @@ def summarize(results: dict) -> list[dict]:
                 "met": device["goal_met"],
             }
         )
+        group = device.get("seed_group") or {}
+        if group.get("ok"):
+            rows.append(
+                {
+                    "benchmark": "on_device_seeds",
+                    "goal": f"{group['seeds']} CartPole seeds in one program on device (report)",
+                    "value": f"{group['env_steps_per_s']:,.0f} env steps/s in all, "
+                    f"{group['ratio_to_one_device_run']:.2f}x one device run",
+                    "met": None,
+                }
+            )
     stability = results.get("stability")
     if stability:
         rows.append(
