@@ -75,6 +75,8 @@ COMMANDS = {
     ".venv/bin/python -m impala_jax.run experiments/cartpole.py training.lr=1e-3 "
     "--stop env_runners/episode_return_mean=450": Check("run_stopped"),
     NOTEBOOK: Check("run"),
+    ".venv/bin/python -m impala_jax.run experiments/cartpole_gymnax.py": Check("run_stopped"),
+    ".venv/bin/python -m impala_jax.run experiments/breakout_minatar.py": Check("run_stopped"),
     ".venv/bin/python -m impala_jax.run tests/rllib_examples/cartpole_impala.py -- "
     "--num-env-runners=2 --stop-reward=450": Check("run_stopped"),
     # Ray Tune.
