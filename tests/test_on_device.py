@@ -120,6 +120,7 @@ def test_lag_k_is_the_reported_lag_and_moves_rho():
     assert abs(results[3]["learners"]["default_policy"]["mean_rho"] - 1.0) > 1e-4
 
 
+@pytest.mark.slow
 def test_one_device_equals_two_devices():
     """The envs split over two learner devices give the same envs, actions and update as on
     one device: the episodes match exactly, the params to float32 rounding."""
@@ -136,6 +137,7 @@ def test_one_device_equals_two_devices():
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_the_same_seed_twice_is_bit_identical_and_another_seed_is_not():
     a, params_a = _train(_small(lag=1), 3)
     b, params_b = _train(_small(lag=1), 3)
@@ -257,6 +259,7 @@ def test_making_a_gymnax_env_imports_only_its_module():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_seed_i_of_a_group_is_seed_i_alone():
     """Two seeds vmapped in one program (with replay and a lag) give each seed's run alone:
     the same episodes, the same losses and params to float32 rounding."""
