@@ -292,3 +292,26 @@ def test_seed_group_errors():
         SeedGroup(IMPALAConfig().environment("CartPole-v1"), [0, 1])
     with pytest.raises(ValueError, match="distinct"):
         SeedGroup(_small(), [1, 1])
+
+
+def test_a_ray_tune_trial_trains_on_device_and_restores(tmp_path):
+    """The Tune Trainable (what a sweep's trials run) with a gymnax env: results, a checkpoint,
+    and a second trial restored from it with the same weights."""
+    pytest.importorskip("ray.tune")
+    from impala_jax.rllib.ray_tune import IMPALATrainable
+
+    first = IMPALATrainable(config=_small(lag=1).to_dict())
+    try:
+        last = [first.train() for _ in range(2)][-1]
+        saved = first.save(str(tmp_path / "ckpt"))
+        weights = first.algo.get_weights()
+    finally:
+        first.stop()
+    assert last["num_env_steps_sampled_lifetime"] == 2 * 640  # 16 envs x 20 steps x 2
+    second = IMPALATrainable(config=_small(lag=1).to_dict())
+    try:
+        second.restore(saved)
+        np.testing.assert_equal(second.algo.get_weights(), weights)
+        assert second.train()["training_iteration"] == 3
+    finally:
+        second.stop()
