@@ -163,7 +163,8 @@ class DeadPolicyCheck:
     """Reports, once, a policy that has collapsed onto one action and stays there: its entropy
     near 0 while the return has fallen far below its best, for DEAD_POLICY_ITERATIONS
     iterations in a row without the entropy rising. Nothing samples the other actions any
-    more and a saturated softmax passes almost no gradient, so it does not recover alone."""
+    more and a saturated softmax passes almost no gradient, so it may stay there for good; it
+    can also climb back, slowly (the report says both)."""
 
     def __init__(self):
         self.best_return = -math.inf
@@ -193,9 +194,10 @@ class DeadPolicyCheck:
             f"last {DEAD_POLICY_ITERATIONS} iterations while the return fell to "
             f"{episode_return:.4g} from a best of {self.best_return:.4g}. It takes (nearly) one "
             "action everywhere: the others are no longer sampled and a saturated softmax passes "
-            "almost no gradient, so the updates no longer move it and it will not recover "
-            f"alone. Causes: nothing keeps the policy stochastic (entropy_coeff={coeff!r}) and "
-            "updates large enough to saturate it. Fixes: training(entropy_coeff=...) above 0 "
-            "(e.g. 0.01, or a schedule that ends above 0), a smaller training(lr=...) or a "
-            "schedule that anneals it; restore an earlier checkpoint to go on."
+            "almost no gradient, so the updates barely move it: it may stay there for the rest "
+            "of the run, or climb back slowly. Causes: nothing keeps the policy stochastic "
+            f"(entropy_coeff={coeff!r}) and updates large enough to saturate it. Fixes: "
+            "training(entropy_coeff=...) above 0 (e.g. 0.01, or a schedule that ends above 0), "
+            "a smaller training(lr=...) or a schedule that anneals it; restore an earlier "
+            "checkpoint to go on."
         )
