@@ -315,3 +315,20 @@ def test_a_ray_tune_trial_trains_on_device_and_restores(tmp_path):
         assert second.train()["training_iteration"] == 3
     finally:
         second.stop()
+
+
+def test_a_second_build_loads_the_stored_device_program(tmp_path, monkeypatch):
+    """With the program cache on, the rollout-and-update program is traced once and stored; a
+    second build loads it and trains bit for bit as the first."""
+    from impala_jax.runtime import program_cache
+
+    monkeypatch.setattr(program_cache, "directory", lambda: tmp_path)
+    sources, params = [], []
+    for _ in range(2):
+        with _small(lag=1).build() as algo:
+            for _ in range(2):
+                algo.train()
+            sources.append(algo.env_runner_group._program.source)
+            params.append(jax.device_get(algo.learner.state.params))
+    assert sources == ["exported", "loaded"]
+    assert _leaves_equal(*params)

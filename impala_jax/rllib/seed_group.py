@@ -28,6 +28,7 @@ from impala_jax.runtime.device_runner import (
     device_program,
     device_rollout,
     initial_envs,
+    rollout_description,
     rollout_plan,
 )
 from impala_jax.runtime.jax_envs import is_jax_env, make_jax_env
@@ -87,7 +88,14 @@ class SeedGroup:
         self._lag = config.policy_lag or 0
         self._ring = acting_ring(self._state.params, self._lag, seeds=True)
         rollout = device_rollout(config, env, policy)
-        self._program = device_program(rollout, learner, self._rollouts, self._lag, seeds=True)
+        self._program = device_program(
+            rollout,
+            learner,
+            self._rollouts,
+            self._lag,
+            seeds=True,
+            description=rollout_description(config, env),
+        )
         self._episodes = [EpisodeStats(config.metrics_num_episodes_for_smoothing) for _ in seeds]
         self._pending: list = []
         self._updates = 0

@@ -29,7 +29,7 @@ from impala_jax.core.rollout import (
     reset_envs,
 )
 from impala_jax.core.types import LEARNER_AXIS
-from impala_jax.runtime import parallel
+from impala_jax.runtime import parallel, program_cache
 from impala_jax.runtime.env_runner import ParamStore
 from impala_jax.runtime.jax_envs import action_map
 from impala_jax.runtime.metrics_logger import MetricsLogger
@@ -109,10 +109,15 @@ def sample_and_update_fn(rollout, step, rollouts: int, lag: int):
     return sample_and_update
 
 
-def device_program(rollout, learner, rollouts: int, lag: int, seeds: bool = False):
+def device_program(
+    rollout, learner, rollouts: int, lag: int, seeds: bool = False, description=None
+):
     """The compiled program over the learner's mesh, donating the state, the replay slots, the
     envs and the ring. ``seeds``: every input but ``env_steps`` has a leading seed axis, and the
-    program maps the step over it (``DeviceSeeds``)."""
+    program maps the step over it (rllib/seed_group.py). ``description``: plain data deciding
+    ``rollout`` (``rollout_description``); given, and where the learner's own step is kept on
+    disk, the traced program is kept there too (program_cache), so a later process skips
+    tracing the rollout and the step."""
     fn = sample_and_update_fn(rollout, learner.per_device_step, rollouts, lag)
     split, rows, replay_spec = parallel.LEADING, parallel.TIME_MAJOR, parallel.LEADING
     if seeds:
@@ -122,7 +127,7 @@ def device_program(rollout, learner, rollouts: int, lag: int, seeds: bool = Fals
     replay_spec = replay_spec if learner.step_spec.replay_columns else ()
     ring_spec = parallel.REPLICATED if lag else ()
     replicated = parallel.REPLICATED
-    return parallel.data_parallel(
+    program = parallel.data_parallel(
         fn,
         learner.mesh,
         in_specs=(replicated, replay_spec, split, ring_spec, replicated),
@@ -136,6 +141,30 @@ def device_program(rollout, learner, rollouts: int, lag: int, seeds: bool = Fals
         ),
         donate_argnums=(0, 1, 2, 3),
     )
+    if description is None or learner.program_description is None:
+        return program
+    return program_cache.CachedProgram(
+        program,
+        "device_step",
+        [*learner.program_description, description, rollouts, lag, seeds],
+        # The state, the replay slots, the envs, the ring, the metrics, the episodes.
+        outputs_like=(0, 1, 2, 3, None, jax.tree.structure(Episodes(0, 0, 0))),
+        donate_argnums=(0, 1, 2, 3),
+    )
+
+
+def rollout_description(config, env) -> list:
+    """What decides ``device_rollout(config, env, ...)``'s trace beside the networks: the env
+    (its id, params and gymnax's version), the fragment length and how actions are taken."""
+    return [
+        env.name,
+        repr(env.params),
+        env.version,
+        config.get_rollout_fragment_length(),
+        config.explore,
+        config.normalize_actions,
+        config.clip_actions,
+    ]
 
 
 class DeviceRunnerGroup:
@@ -169,7 +198,13 @@ class DeviceRunnerGroup:
         self._carry = self._reset_envs()
         self._ring = acting_ring(learner.state.params, self.lag)
         rollout = device_rollout(config, env, policy)
-        self._program = device_program(rollout, learner, self.rollouts_per_update, self.lag)
+        self._program = device_program(
+            rollout,
+            learner,
+            self.rollouts_per_update,
+            self.lag,
+            description=rollout_description(config, env),
+        )
 
     def _reset_envs(self) -> EnvCarry:
         carry = initial_envs(self._env, self._seed, self._restores, self.num_envs)

@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import importlib.metadata
 import importlib.util
 import sys
 from collections.abc import Callable, Mapping
@@ -144,6 +145,7 @@ class GymnaxEnv:
                 f"{', '.join(ids)}."
             )
         self.name = env
+        self.version = importlib.metadata.version("gymnax")  # a stored program's key
         self._env, params = make_gymnax_env(env_id)
         fields = [f.name for f in dataclasses.fields(params)]
         unknown = sorted(set(env_config or {}) - set(fields))

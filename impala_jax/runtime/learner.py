@@ -120,11 +120,18 @@ class Learner:
             out_specs=(parallel.REPLICATED, replay_spec, parallel.REPLICATED),
             donate_argnums=(0, 2),
         )
+        # What decides the step's trace, for a program that wraps it (device_runner.py); None
+        # where nothing is stored.
+        self.program_description = (
+            [program_key, opt_spec, loss_spec, step_spec, unrolled, self.mesh, devices]
+            if cached
+            else None
+        )
         if cached:
             self._step = program_cache.CachedProgram(
                 self._step,
                 "learner_step",
-                [program_key, opt_spec, loss_spec, step_spec, unrolled, self.mesh, devices],
+                self.program_description,
                 outputs_like=(0, 2, None),  # the state, the replay slots, the metrics
                 donate_argnums=(0, 2),
             )
