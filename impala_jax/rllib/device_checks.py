@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from impala_jax.runtime.callbacks import EPISODE_HOOKS, overrides, resolve
-from impala_jax.runtime.jax_envs import is_jax_env
 
 # Hooks called per env step or per fragment, which the compiled rollout cannot call.
 _PER_STEP_HOOKS = (*EPISODE_HOOKS, "on_episode_created", "on_episode_step", "on_sample_end")
@@ -45,6 +44,10 @@ _HOST_ONLY = (
 def check_device_fields(v: Any) -> None:
     """Adds to ``v`` (checks.py's validator: ``value``, ``ok``, ``fail``) a problem for every
     field that cannot take its value with the config's env."""
+    # Imported here: the config imports this module, and importing the config stays free of
+    # gymnasium and NumPy (the command line reports a missing one in a line of its own).
+    from impala_jax.runtime.jax_envs import is_jax_env
+
     if not v.ok("env", "policy_lag"):
         return
     if not is_jax_env(v.value("env")):
