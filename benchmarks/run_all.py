@@ -139,7 +139,7 @@ def summarize(results: dict) -> list[dict]:
         if group.get("ok"):
             rows.append(
                 {
-                    "benchmark": "on_device_seeds",
+                    "benchmark": "on_device",
                     "goal": f"{group['seeds']} CartPole seeds in one program on device (report)",
                     "value": f"{group['env_steps_per_s']:,.0f} env steps/s in all, "
                     f"{group['ratio_to_one_device_run']:.2f}x one device run",
