@@ -36,7 +36,14 @@ CHILD_BUDGET_S = RUN_TIMEOUT_S - 20.0
 GOAL_RATIO = 1.5
 
 
-def child(path: str, seed: int, window: int, compile_cache: str, launched: float) -> dict:
+# A learner-light variant of the same experiment: one update per batch and no replay, so acting
+# and env stepping, not the learner's minibatch updates, bound the training rate.
+LIGHT = {"minibatch_size": 2560, "replay_proportion": 0.0}
+
+
+def child(
+    path: str, seed: int, window: int, compile_cache: str, launched: float, light: bool = False
+) -> dict:
     """One training process (run as ``--child``): the window's throughput and time to 450."""
     from impala_jax.runtime.jax_setup import enable_compile_cache, initialize_lapack
 
@@ -47,6 +54,8 @@ def child(path: str, seed: int, window: int, compile_cache: str, launched: float
     if PATHS[path]:
         config.environment(PATHS[path])
     config.debugging(seed=seed)
+    if light:
+        config.training(**LIGHT)
     cap = stop["num_env_steps_sampled_lifetime"]
     algo = config.build()
     built_s = time.time() - launched
@@ -71,7 +80,8 @@ def child(path: str, seed: int, window: int, compile_cache: str, launched: float
                     "cores_used": cpu / wall,
                 }
             timed_out = time.time() - launched > CHILD_BUDGET_S
-            if window_out and (reached_s is not None or steps >= cap or timed_out):
+            # The learner-light variant measures throughput only: it ends with its window.
+            if window_out and (light or reached_s is not None or steps >= cap or timed_out):
                 break
             result = algo.train()
     finally:
@@ -124,11 +134,11 @@ def seeds_child(window: int, compile_cache: str, launched: float) -> dict:
     }
 
 
-def launch(path: str, seed: int, window: int, compile_cache: str) -> dict:
+def launch(path: str, seed: int, window: int, compile_cache: str, light: bool = False) -> dict:
     """One child process, launch to exit; its JSON line, or why there is none."""
     args = ["-m", "benchmarks.on_device", "--child", path, "--seed", str(seed)]
     args += ["--window", str(window), "--compile-cache", compile_cache]
-    args += ["--launched", repr(time.time())]
+    args += ["--launched", repr(time.time())] + (["--light"] if light else [])
     try:
         proc = common.run_python(args, RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -174,6 +184,7 @@ def main(argv=None) -> dict:
         },
         seed={"type": int, "default": 0, "help": "with --child"},
         window={"type": int, "default": WINDOW, "help": "with --child"},
+        light={"action": "store_true", "help": "with --child: the learner-light variant"},
         compile_cache={"default": "none", "help": "with --child"},
         launched={"type": float, "default": None, "help": "with --child: launch time.time()"},
     )
@@ -182,13 +193,16 @@ def main(argv=None) -> dict:
         if args.child == "seeds":
             out = seeds_child(args.window, args.compile_cache, launched)
         else:
-            out = child(args.child, args.seed, args.window, args.compile_cache, launched)
+            out = child(
+                args.child, args.seed, args.window, args.compile_cache, launched, args.light
+            )
         print(json.dumps(out, default=str), flush=True)
         return out
     rounds = QUICK_ROUNDS if args.quick else ROUNDS
     window = QUICK_WINDOW if args.quick else WINDOW
     runs = []  # in launch order
     seed_runs = []  # the seed group's, one per round after the others
+    light_runs = []  # the learner-light variant's, both paths per round
     for r in range(rounds):
         # One cache per path and round: its cold process fills it, its warm one reads it.
         with tempfile.TemporaryDirectory(prefix="bench_on_device_") as cache:
@@ -198,6 +212,9 @@ def main(argv=None) -> dict:
                     runs.append({**run, "kind": kind, "round": r})
             run = launch("seeds", r, window, f"{cache}/seeds")
             seed_runs.append({**run, "kind": "cold", "round": r})
+            for p in PATHS:  # the learner-light variant, on the warm caches
+                run = launch(p, r, window, f"{cache}/{p}-light", light=True)
+                light_runs.append({**run, "kind": "light", "round": r})
     rows = [
         [
             x["round"],
@@ -227,6 +244,11 @@ def main(argv=None) -> dict:
         )
     print(f"device / envpool, median training env steps/s: {ratio:.2f}")
     seeds = summarise_seeds(seed_runs, paths["device"]["env_steps_per_s"])
+    light = summarise_light(light_runs)
+    print(
+        f"learner-light variant ({LIGHT}): device {light['device']:,.0f} vs envpool "
+        f"{light['envpool']:,.0f} env steps/s, {light['ratio_device_to_envpool']:.2f}x"
+    )
     print(
         f"{SEEDS} seeds in one program: {seeds['env_steps_per_s']:,.0f} env steps/s in all, "
         f"{seeds['ratio_to_one_device_run']:.2f}x one device run; seeds at 450 by the "
@@ -247,12 +269,29 @@ def main(argv=None) -> dict:
         "device": paths["device"],
         "ratio_device_to_envpool": ratio,
         "seed_group": seeds,
+        "learner_light": light,
         "goal": f"training env steps/s on device >= {GOAL_RATIO} x the envpool path's, "
         "same config, same run",
         "goal_met": ratio >= GOAL_RATIO,
     }
     common.write_result("on_device", payload, args.quick)
     return payload
+
+
+def summarise_light(runs: list[dict]) -> dict:
+    """Median env steps/s per path of the learner-light variant, and their ratio."""
+    rate = {
+        p: common.median([r["env_steps_per_s"] for r in runs if r["ok"] and r["path"] == p])
+        if any(r["ok"] and r["path"] == p for r in runs)
+        else float("nan")
+        for p in PATHS
+    }
+    return {
+        "settings": LIGHT,
+        "runs": runs,
+        **rate,
+        "ratio_device_to_envpool": rate["device"] / rate["envpool"],
+    }
 
 
 def summarise_seeds(runs: list[dict], device_rate: float) -> dict:

@@ -46,6 +46,18 @@ def _ceiling(e2e: dict) -> str:
     )
 
 
+def _light(device: dict) -> str:
+    """``; learner-light ...`` where the on-device result has the variant."""
+    light = device.get("learner_light")
+    if not light:
+        return ""
+    return (
+        f"; learner-light variant (1 update per batch, no replay): "
+        f"{light['ratio_device_to_envpool']:.2f}x ({light['device']:,.0f} vs "
+        f"{light['envpool']:,.0f})"
+    )
+
+
 def _cpu_bound(e2e: dict) -> str:
     """``; with every core busy ...`` where the result has the CPU per env step."""
     if "ratio_to_raw_at_full_cores" not in e2e:
@@ -131,7 +143,7 @@ def summarize(results: dict) -> list[dict]:
                 f"per env step; 450 in {dev['median_wall_s_to_450_cold']:.1f} s cold, "
                 f"{dev['median_wall_s_to_450_warm']:.1f} s warm "
                 f"(envpool {host['median_wall_s_to_450_cold']:.1f} s, "
-                f"{host['median_wall_s_to_450_warm']:.1f} s)",
+                f"{host['median_wall_s_to_450_warm']:.1f} s)" + _light(device),
                 "met": device["goal_met"],
             }
         )
