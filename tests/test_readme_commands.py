@@ -227,8 +227,14 @@ def test_make_targets_exist(command):
 
 
 def test_make_run_runs_the_command_its_test_runs():
+    # --no-print-directory: under `make test` this make is a sub-make, which would otherwise
+    # print the directory it enters and leaves.
     proc = subprocess.run(
-        ["make", "-n", *UP_TO_DATE, "run"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        ["make", "-n", "--no-print-directory", *UP_TO_DATE, "run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.stdout.strip().splitlines()[-1] == (
         ".venv/bin/python -m impala_jax.run experiments/cartpole.py"
