@@ -124,8 +124,7 @@ def test_lag_k_is_the_reported_lag_and_moves_rho():
 def test_one_device_equals_two_devices():
     """The envs split over two learner devices give the same envs, actions and update as on
     one device: the episodes match exactly, the params to float32 rounding."""
-    if len(jax.devices()) < 2:
-        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count=2)")
+    assert len(jax.devices()) >= 2, "tests/conftest.py forces 2 CPU devices"
     one, params_one = _train(_small(num_learners=1), 3)
     two, params_two = _train(_small(num_learners=2), 3)
     for a, b in zip(one, two, strict=True):
@@ -332,3 +331,13 @@ def test_a_second_build_loads_the_stored_device_program(tmp_path, monkeypatch):
             params.append(jax.device_get(algo.learner.state.params))
     assert sources == ["exported", "loaded"]
     assert _leaves_equal(*params)
+
+
+def test_a_bounded_box_without_normalize_or_clip_is_an_error_on_device():
+    """On device an action outside the bounds could not be reported: Pendulum's torque needs
+    normalize_actions (the default) or clip_actions there."""
+    config = _small().environment("gymnax:Pendulum-v1", normalize_actions=False, clip_actions=False)
+    with pytest.raises(ValueError, match="normalize_actions=False, clip_actions=False"):
+        config.build()
+    with _small().environment("gymnax:Pendulum-v1").build() as algo:  # normalized: trains
+        assert algo.train()["num_env_steps_sampled_lifetime"] > 0

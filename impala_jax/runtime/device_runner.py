@@ -31,7 +31,7 @@ from impala_jax.core.rollout import (
 from impala_jax.core.types import LEARNER_AXIS
 from impala_jax.runtime import parallel, program_cache
 from impala_jax.runtime.env_runner import ParamStore
-from impala_jax.runtime.jax_envs import action_map
+from impala_jax.runtime.jax_envs import action_map, check_device_actions
 from impala_jax.runtime.metrics_logger import MetricsLogger
 
 
@@ -63,7 +63,9 @@ def rollout_plan(config, learner) -> tuple[int, int, int]:
 
 
 def device_rollout(config, env, policy):
-    """The config's rollout of ``env`` with ``policy`` (an ``acting.Policy``)."""
+    """The config's rollout of ``env`` with ``policy`` (an ``acting.Policy``); a ValueError
+    where its actions could leave the action space unnoticed (``check_device_actions``)."""
+    check_device_actions(env.action_space, config.normalize_actions, config.clip_actions, env.name)
     return make_rollout(
         env,
         make_policy_fn(policy.networks, policy.distribution, config.explore),

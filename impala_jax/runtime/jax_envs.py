@@ -190,6 +190,7 @@ def action_map(space: gym.Space, normalize_actions: bool, clip_actions: bool) ->
         return (lambda a: a + start) if start else (lambda a: a)
     low, high = space.low.astype(np.float32), space.high.astype(np.float32)
     bounded = bool(np.all(np.isfinite(low)) and np.all(np.isfinite(high)))
+    low, high = low[None], high[None]  # against a batch of actions, [B, *shape]
     if bounded and normalize_actions:
         return lambda a: jnp.clip(low + (a + 1.0) * 0.5 * (high - low), low, high)
     if bounded and clip_actions:
