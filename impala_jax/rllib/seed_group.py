@@ -27,6 +27,7 @@ from impala_jax.runtime.device_runner import (
     acting_ring,
     device_program,
     device_rollout,
+    ended_episodes,
     initial_envs,
     rollout_description,
     rollout_plan,
@@ -71,6 +72,7 @@ class SeedGroup:
             self.step_spec,
             devices,
             learner_keys[0],
+            initial_state=False,  # the seeds' states are made below, all in one program
         )
         replicated = jax.sharding.NamedSharding(learner.mesh, parallel.REPLICATED)
         init = jax.jit(jax.vmap(learner.init_state), out_shardings=(replicated, None))
@@ -81,7 +83,7 @@ class SeedGroup:
         self._carry = parallel.put(_stack(carries), learner.mesh, _SPLIT, may_alias=False)
         self._replay = ()
         if self.step_spec.replay_columns:
-            action_dtype = policy.action_dtype(learner.state.params)
+            action_dtype = policy.action_dtype(learner.abstract_state.params)
             example = policy.example_batch(self._T, self.step_spec.columns, action_dtype)
             slots = [learner.replay_slots(k, example) for k in replay_keys]
             self._replay = parallel.put(_stack(slots), learner.mesh, _SPLIT, may_alias=False)
@@ -102,7 +104,7 @@ class SeedGroup:
         self._iteration = 0
         self._time_total = 0.0
         self._num_parameters = sum(
-            int(np.prod(np.shape(x))) for x in jax.tree.leaves(learner.state.params)
+            int(np.prod(x.shape)) for x in jax.tree.leaves(learner.abstract_state.params)
         )
 
     @property
@@ -147,7 +149,7 @@ class SeedGroup:
         ) * self._T
         results = []
         for i, seed in enumerate(self.seeds):
-            new = _ended(episodes, i)
+            new = ended_episodes(episodes, seed=i)
             self._episodes[i].add(new)
             learner = {k: float(np.asarray(v)[i]) for k, v in metrics.items()}
             result = train_result(
@@ -201,14 +203,3 @@ class SeedGroup:
 def _stack(trees: list):
     """``trees`` stacked on a new leading (seed) axis."""
     return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *trees)
-
-
-def _ended(episodes: list, seed: int) -> list[tuple[float, int]]:
-    """(return, length) of seed ``seed``'s episodes in the drained updates, in IMPALA's order."""
-    out = []
-    for ended, returns, lengths in episodes:
-        rows, cols = np.nonzero(ended[seed])
-        out.extend(
-            zip(returns[seed][rows, cols].tolist(), lengths[seed][rows, cols].tolist(), strict=True)
-        )
-    return out

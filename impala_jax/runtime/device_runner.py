@@ -155,6 +155,20 @@ def device_program(
     )
 
 
+def ended_episodes(drained: list, seed: int | None = None) -> list[tuple[float, int]]:
+    """(return, length) of every episode that ended in ``drained`` (host ``Episodes``, one per
+    update), in the order the updates ran, then row by row, then env by env; ``seed``: the
+    episodes of that seed of a group, whose fields carry a leading seed axis."""
+    out = []
+    for episodes in drained:
+        if seed is not None:
+            episodes = Episodes(*(x[seed] for x in episodes))
+        rows, cols = np.nonzero(episodes.ended)
+        returns = episodes.episode_return[rows, cols].tolist()
+        out.extend(zip(returns, episodes.episode_len[rows, cols].tolist(), strict=True))
+    return out
+
+
 def rollout_description(config, env) -> list:
     """What decides ``device_rollout(config, env, ...)``'s trace beside the networks: the env
     (its id, params and gymnax's version), the fragment length and how actions are taken."""
@@ -255,11 +269,7 @@ class DeviceRunnerGroup:
         """(return, length) of every episode that ended since the last call, in the order the
         updates ran, then row by row, then env by env."""
         drained, self._episodes = jax.device_get(self._episodes), []
-        out = []
-        for ended, returns, lengths in drained:
-            rows, cols = np.nonzero(ended)
-            out.extend(zip(returns[rows, cols].tolist(), lengths[rows, cols].tolist(), strict=True))
-        return out
+        return ended_episodes(drained)
 
     def drain_timers(self) -> list[dict]:
         return []

@@ -57,6 +57,7 @@ class Learner:
         key,
         program_key: Any = None,
         example: Callable[[Any], Batch] | None = None,
+        initial_state: bool = True,
     ):
         """``program_key``: plain data deciding ``networks`` and ``distribution`` (the model
         config and the spaces: program_cache.model_description); given, and with the
@@ -65,7 +66,11 @@ class Learner:
 
         ``example``: given the params' shapes (jax.ShapeDtypeStruct leaves), a host batch with
         the real shapes and dtypes; the step then compiles in a thread of its own (warm_up)
-        from here on, beside the initial state's compilation rather than after it."""
+        from here on, beside the initial state's compilation rather than after it.
+
+        ``initial_state=False``: no state is created (``state`` is None) and nothing compiles
+        here, for a caller that makes its own states from ``init_state`` (a group of seeds,
+        rllib/seed_group.py); ``abstract_state`` still gives the shapes."""
         self.mesh = parallel.make_mesh(devices)
         self.num_devices = len(devices)
         self._host_batches = (
@@ -93,7 +98,7 @@ class Learner:
         cached = program_key is not None and not self._multiprocess and program_cache.directory()
         # The state's and the replay key's shapes, dtypes and shardings, known from the trace
         # before anything compiles: the step compiles from them (warm_up).
-        self._abstract_state, replay_key_info = traced.out_info
+        self.abstract_state, replay_key_info = traced.out_info
         self._key_data_shape = jax.eval_shape(jax.random.key_data, replay_key_info).shape
         self.replay = ()
         self._replay_like = ()  # the slots' shapes once warm_up knows them (a restore's tree)
@@ -103,7 +108,7 @@ class Learner:
         self._compiled = None
         self._compiled_for = None  # the example's layout, until the first batch is checked
         # Convolutions (4-D kernels) on CPU: the minibatch updates unrolled (see the constant).
-        conv = any(len(x.shape) == 4 for x in jax.tree.leaves(self._abstract_state.params))
+        conv = any(len(x.shape) == 4 for x in jax.tree.leaves(self.abstract_state.params))
         cpu = devices[0].platform == "cpu"
         unrolled = MAX_UNROLLED_UPDATES_ON_CPU if cpu and conv else 0
         step = make_learner_step(
@@ -136,8 +141,10 @@ class Learner:
                 donate_argnums=(0, 2),
             )
         if example is not None:
-            self.warm_up(example(self._abstract_state.params))
-        if cached:
+            self.warm_up(example(self.abstract_state.params))
+        if not initial_state:
+            self.state, self._replay_key = None, None
+        elif cached:
             # Lowering this program (the orthogonal initializer's QR, threefry) costs more than
             # its trace: a stored one skips it (program_cache).
             init = program_cache.CachedProgram(
@@ -219,7 +226,7 @@ class Learner:
         )
         self._compiled_for = _layout(device_batch)
         self._replay_like = self._abstract_replay(device_batch)
-        args = (self._abstract_state, device_batch, self._replay_like)
+        args = (self.abstract_state, device_batch, self._replay_like)
         replicated = NamedSharding(self.mesh, parallel.REPLICATED)
         env_steps = jax.ShapeDtypeStruct((2,), np.float32, sharding=replicated)
         compile_ = getattr(self._step, "compile", None)  # a CachedProgram's own
