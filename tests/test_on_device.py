@@ -99,15 +99,20 @@ def test_host_and_device_rollouts_give_identical_trajectories():
 
 
 def test_lag_zero_acts_with_the_params_being_updated():
-    """Policy lag 0: every importance weight of the one minibatch is 1 (exactly at the first
-    update; later within float32 rounding, the actor's and the learner's forward passes
-    running on different batch shapes); the reported lag is 0."""
-    results, _ = _train(_small(lag=0), 4)
-    first = results[0]["learners"]["default_policy"]
-    assert first["mean_rho"] == 1.0 and first["max_rho"] == 1.0
+    """Policy lag 0: every importance weight of the one minibatch is exactly 1 at every update
+    (max and mean rho 1, and the behaviour and target logits bit-equal: a KL of exactly 0); the
+    reported lag is 0.
+
+    With 64 envs: XLA:CPU multiplies a matrix of fewer than 64 rows with another kernel, whose
+    rounding differs by an ulp from the one the learner's larger batch gets (measured: rho
+    within 4.8e-7 of 1 with 16 or 32 envs; exactly 1 with 64 or 128), so there the acting and
+    the learning forward pass of the same params are not bit-equal (docs/config.md)."""
+    config = _small(lag=0).env_runners(num_envs_per_env_runner=64, rollout_fragment_length=10)
+    results, _ = _train(config, 6)
     for result in results:
         learner = result["learners"]["default_policy"]
-        assert abs(learner["max_rho"] - 1.0) < 1e-6 and abs(learner["mean_rho"] - 1.0) < 1e-6
+        assert learner["max_rho"] == 1.0 and learner["mean_rho"] == 1.0, learner
+        assert learner["mean_kl"] == 0.0, learner
         assert result["perf"]["policy_lag_max"] == 0
 
 

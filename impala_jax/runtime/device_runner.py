@@ -9,8 +9,9 @@ The envs are split over the learner devices along the batch axis.
 
 ``policy_lag`` = k: the envs act with the params of k updates before (the params before the
 last k updates, kept in a ring on device); 0 acts with the params being updated, so every
-importance weight of the first minibatch is 1. Over the first k updates after a start or a
-restore the ring holds the starting params, and the lag reported is the true one.
+importance weight of the first minibatch is 1 (bit for bit where the envs fill XLA's larger
+matrix kernel: docs/config.md, "Envs written in JAX"). Over the first k updates after a start
+or a restore the ring holds the starting params, and the lag reported is the true one.
 """
 
 from __future__ import annotations
