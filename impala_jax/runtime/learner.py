@@ -68,9 +68,10 @@ class Learner:
         the real shapes and dtypes; the step then compiles in a thread of its own (warm_up)
         from here on, beside the initial state's compilation rather than after it.
 
-        ``initial_state=False``: no state is created (``state`` is None) and nothing compiles
-        here, for a caller that makes its own states from ``init_state`` (a group of seeds,
-        rllib/seed_group.py); ``abstract_state`` still gives the shapes."""
+        ``initial_state=False``: no state is created (``state`` is None; its program is traced
+        for the shapes but neither compiled nor run), for a caller that makes its own states
+        from ``init_state`` (a group of seeds, rllib/seed_group.py); ``abstract_state`` gives
+        the shapes."""
         self.mesh = parallel.make_mesh(devices)
         self.num_devices = len(devices)
         self._host_batches = (
