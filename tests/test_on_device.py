@@ -332,7 +332,7 @@ def test_a_second_build_loads_the_stored_device_program(tmp_path, monkeypatch):
         with _small(lag=1).build() as algo:
             for _ in range(2):
                 algo.train()
-            sources.append(algo.env_runner_group._program.source)
+            sources.append(algo.engine._program.source)
             params.append(jax.device_get(algo.learner.state.params))
     assert sources == ["exported", "loaded"]
     assert _leaves_equal(*params)

@@ -1,6 +1,7 @@
 """IMPALA: builds the parts from a frozen config and runs iterations; orchestration only.
 
-Elsewhere: the policy and its actor (runtime/acting), the runners (runtime/env_runner_group),
+Elsewhere: the iteration loop and training_step (training_loop), the engine that samples and
+updates (runtime/engine: host runners or on device), the policy and its actor (runtime/acting),
 evaluation, the update (runtime/learner, core/), the warnings (diagnostics), the result dict
 (runtime/metrics), checkpoints (checkpointable), inference (module), processes (distributed).
 """
@@ -13,7 +14,6 @@ import logging
 import os
 import signal
 import threading
-import time
 import warnings
 import weakref
 
@@ -25,24 +25,18 @@ from impala_jax.rllib import diagnostics, specs
 from impala_jax.rllib.checkpointable import Checkpointable
 from impala_jax.rllib.checks import start_together
 from impala_jax.rllib.module import DEFAULT_MODULE_ID, Actions, Module
-from impala_jax.runtime import acting, checkpoint, distributed, parallel, program_cache
-from impala_jax.runtime.buffers import MinibatchBuffer
+from impala_jax.rllib.training_loop import TrainingLoop
+from impala_jax.runtime import acting, distributed, parallel, program_cache
 from impala_jax.runtime.callbacks import Callbacks, UserCodeError
-from impala_jax.runtime.device_runner import DeviceRunnerGroup
+from impala_jax.runtime.device_runner import DeviceEngine
+from impala_jax.runtime.engine import Engine
 from impala_jax.runtime.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from impala_jax.runtime.evaluation import Evaluator
 from impala_jax.runtime.host_actor import hold_one_blas_thread, release_blas_threads
+from impala_jax.runtime.host_engine import AgreedHostEngine, HostEngine
 from impala_jax.runtime.jax_envs import is_jax_env, make_jax_env
 from impala_jax.runtime.jax_setup import use_compile_cache
-from impala_jax.runtime.learner import Learner
-from impala_jax.runtime.metrics import (
-    EpisodeStats,
-    SysUsage,
-    Timers,
-    merge_timers,
-    train_result,
-    trainable_info,
-)
+from impala_jax.runtime.learner import Learner, run_keys
 from impala_jax.runtime.metrics_logger import MetricsLogger, deep_merge
 from impala_jax.runtime.vec_env import ActionAdapter, make_vec_env
 
@@ -57,8 +51,12 @@ def _stop_live_algorithms() -> None:
         algo.stop()
 
 
-class IMPALA(Checkpointable):
-    """The algorithm. ``IMPALAConfig().environment("CartPole-v1").build()`` returns one."""
+class IMPALA(TrainingLoop, Checkpointable):
+    """The algorithm. ``IMPALAConfig().environment("CartPole-v1").build()`` returns one.
+
+    Its ``training_step`` and iteration loop are ``TrainingLoop``'s (rllib/training_loop.py);
+    ``engine`` is what samples and updates: runner threads or lockstep on the host, or one
+    program on device for an env written in JAX (runtime/engine.py)."""
 
     def __init__(self, config):
         if not getattr(config, "_is_frozen", False):
@@ -73,6 +71,8 @@ class IMPALA(Checkpointable):
         use_compile_cache()
         # What stop() touches exists from the start: a failed __init__ is still stoppable.
         self.learner = None
+        self.engine: Engine | None = None
+        # RLlib's EnvRunnerGroup: the host engine's runners (None on device: no runners).
         self.env_runner_group: EnvRunnerGroup | None = None
         self._evaluator: Evaluator | None = None
         self._holds_blas = False  # host_actor.hold_one_blas_thread, released by stop()
@@ -84,19 +84,17 @@ class IMPALA(Checkpointable):
         _LIVE.add(self)
         level = config.log_level.upper()
         logging.getLogger("impala_jax").setLevel("WARNING" if level == "WARN" else level)
-        self._fake_batch = None
         # An env written in JAX trains on device: sampling is part of the update's program.
         self._on_device = is_jax_env(config.env)
         seed = config.seed if config.seed is not None else 0
-        learner_key, actor_key = jax.random.split(jax.random.key(seed))
+        learner_key, actor_key = run_keys(seed)
         self._seed = seed
 
         # Over several processes (impala_jax.runtime.distributed): each samples its own envs,
-        # counts are agreed before every update (_next_batch) and process 0 writes and evaluates.
+        # counts are agreed before every update (AgreedHostEngine) and process 0 writes and
+        # evaluates.
         self._processes = jax.process_count()
         self._primary = jax.process_index() == 0
-        self._sampled_base = 0  # restored env steps of all processes (several processes)
-        self._global_sampled = 0  # every process's env steps, as of the last agreement
         self._T = config.get_rollout_fragment_length()
         # The learner key stays shared; the envs' seeds and the actions' key are the process's.
         seed, actor_key = distributed.process_seed_and_key(seed, actor_key)
@@ -108,9 +106,11 @@ class IMPALA(Checkpointable):
             error = err
         start_together(config, error)
         columns = self._build_learner(devices, len(local), learner_key)
-        self._build_runners(seed, local[0], columns, actor_key)
-        self._init_counters(len(devices))
-        self.env_runner_group.start(self.learner.put_batch)
+        self._build_engine(seed, local[0], columns, actor_key)
+        self._init_loop(self.engine, self.learner)
+        self._checks = diagnostics.TrainingChecks()  # the learner warnings, once per build
+        self._dead_policy = diagnostics.DeadPolicyCheck()  # reported once per build
+        self.engine.start()
         try:
             self._callbacks.call("on_algorithm_init", algorithm=self, metrics_logger=self.metrics)
         except BaseException:
@@ -177,21 +177,16 @@ class IMPALA(Checkpointable):
             self.action_dtype = policy.action_dtype(self.learner.state.params)
         return columns
 
-    def _build_runners(self, seed: int, actor_device, columns: int, actor_key) -> None:
-        """The env runners, the evaluator and what compute_actions acts with."""
+    def _build_engine(self, seed: int, actor_device, columns: int, actor_key) -> None:
+        """The engine that samples and updates, the evaluator and what compute_actions acts
+        with."""
         config = self.config
         if self._on_device:
-            group = DeviceRunnerGroup(
-                config,
-                make_jax_env(config.env, config.env_config),
-                self.policy,
-                self.learner,
-                actor_device,
-                seed,
-                example=lambda: self.policy.example_batch(self._T, columns, self.action_dtype),
-            )
+            env = make_jax_env(config.env, config.env_config)
+            spec = specs.device_spec(config)
+            engine = DeviceEngine(spec, env, self.policy, self.learner, actor_device, [seed])
         else:
-            group = EnvRunnerGroup(
+            self.env_runner_group = EnvRunnerGroup(
                 config,
                 self._act,
                 self._act_greedy,
@@ -202,96 +197,13 @@ class IMPALA(Checkpointable):
                 batch_columns=columns,
                 action_space=self.action_space,
             )
-        self.env_runner_group = group
-        self.param_store = group.param_store
-        self._evaluator = Evaluator(config, self._act, self._act_greedy, group.param_store, seed)
-        self._actions = Actions(self.policy, group.param_store, self._adapter, actor_key)
-        self._minibatch_buffer = None
-        if config.minibatch_buffer_size > 1 and config.num_epochs > 1:
-            self._minibatch_buffer = MinibatchBuffer(
-                config.minibatch_buffer_size, config.num_epochs, group.next_batch
-            )
-
-    def _init_counters(self, num_devices: int) -> None:
-        config = self.config
-        self._sys_usage = SysUsage() if config.log_sys_usage else None
-        self.batch_env_steps = self.step_spec.columns * num_devices * self._T
-        self._episodes = EpisodeStats(config.metrics_num_episodes_for_smoothing)
-        self._timers = Timers()
-        self._iteration = 0
-        self._time_total = 0.0
-        self._env_steps_trained = 0
-        self._num_updates = 0
-        self._checks = diagnostics.TrainingChecks()  # the learner warnings, once per build
-        self._dead_policy = diagnostics.DeadPolicyCheck()  # reported once per build
-        self._last_lag: list = []
-        self._last_learner_metrics: dict = {}
-        self._iterations_since_restore = 0  # Tune's bookkeeping keys, as RLlib's results have
-        self._time_since_restore = 0.0
-        self._result_config = checkpoint.jsonable(config.to_dict())
-        # RLlib's single-agent `policies` entry, which RLlib's own result checks read.
-        self._result_config.setdefault("policies", {DEFAULT_MODULE_ID: (None, None, None, None)})
-        self._num_parameters = sum(
-            int(np.prod(np.shape(x))) for x in jax.tree.leaves(self.learner.state.params)
-        )
-
-    @property
-    def num_env_steps_sampled_lifetime(self) -> int:
-        """Env steps sampled so far; over several processes, by all of them (as of the last
-        update: the count every process agreed on)."""
-        if self._processes > 1:
-            return self._global_sampled
-        return self.env_runner_group.num_env_steps_sampled_lifetime
-
-    def _next_batch(self, source):
-        """The next batch; over several processes, only once every process has its own, with
-        the env steps of all of them counted (distributed.agreed_next_batch)."""
-        if self._processes == 1:
-            return source.next_batch()
-
-        def local_env_steps() -> int:
-            return self.env_runner_group.num_env_steps_sampled_lifetime
-
-        def agreed(total: int) -> None:
-            self._global_sampled = self._sampled_base + total
-
-        return distributed.agreed_next_batch(
-            source.next_batch, local_env_steps, agreed, EnvRunnerFailure
-        )
-
-    def training_step(self) -> None:
-        cfg = self.config
-        if self._on_device:  # sampling and the update in one program (device_runner.py)
-            with self._timers.time("learner_dispatch"):
-                self._last_learner_metrics, versions = self.env_runner_group.update(self.learner)
-            self._count_update(versions)
-            return
-        source = self._minibatch_buffer or self.env_runner_group
-        if cfg.fake_sampler and self._fake_batch is not None:
-            batch, versions = self._fake_batch  # debugging(fake_sampler=True): no sampling
-        else:
-            batch, versions = self._next_batch(source)
-            if cfg.fake_sampler:
-                self._fake_batch = (batch, versions)
-        if cfg._env_runners_only or cfg._skip_learners:
-            return
-        with self._timers.time("learner_dispatch"):
-            self._last_learner_metrics = self.learner.update(
-                batch, self.num_env_steps_sampled_lifetime
-            )
-        self._count_update(versions)
-
-    def _count_update(self, versions) -> None:
-        """Books one update: its policy lag, the env steps trained, the params published."""
-        cfg = self.config
-        self._last_lag.append(self.param_store.version - versions)
-        self._num_updates += 1
-        self._env_steps_trained += self.batch_env_steps + (
-            self.step_spec.replay_columns * self.learner.num_devices * self._T
-        )
-        if self._num_updates % cfg.broadcast_interval == 0:
-            with self._timers.time("broadcast"):
-                self.env_runner_group.publish(self.learner.state.params)
+            spec = specs.host_engine_spec(config, self.step_spec, self.learner.num_devices)
+            host_engine = AgreedHostEngine if self._processes > 1 else HostEngine
+            engine = host_engine(spec, self.env_runner_group, self.learner)
+        self.engine = engine
+        self.param_store = engine.param_store
+        self._evaluator = Evaluator(config, self._act, self._act_greedy, engine.param_store, seed)
+        self._actions = Actions(self.policy, engine.param_store, self._adapter, actor_key)
 
     def train(self) -> dict:
         """One iteration (RLlib's min_time_s / min_*_timesteps_per_iteration semantics)."""
@@ -344,95 +256,23 @@ class IMPALA(Checkpointable):
         return result
 
     def _training_iteration(self) -> dict:
-        cfg = self.config
-        group = self.env_runner_group
-        started = time.perf_counter()
-        sampled0 = self.num_env_steps_sampled_lifetime
-        trained0 = self._env_steps_trained
-        group.begin_iteration()
-        num_steps = 0
-        while True:
-            self.training_step()
-            num_steps += 1
-            elapsed = time.perf_counter() - started
-            done = (
-                elapsed >= (cfg.min_time_s_per_iteration or 0)
-                and self.num_env_steps_sampled_lifetime - sampled0
-                >= (cfg.min_sample_timesteps_per_iteration or 0)
-                and self._env_steps_trained - trained0
-                >= (cfg.min_train_timesteps_per_iteration or 0)
-            )
-            if self._processes > 1:
-                # Process 0 decides, so every process runs the same number of updates.
-                done = bool(distributed.broadcast(np.bool_(done), "process 0's end of iteration"))
-            if done:
-                break
-        with self._timers.time("learner_fetch"):
-            # The one device->host fetch of the iteration; it also waits for the last step.
-            learner = {k: float(v) for k, v in jax.device_get(self._last_learner_metrics).items()}
-        group.end_iteration()
-        message = diagnostics.non_finite_message(learner)
-        if message:
-            self.stop()
-            raise FloatingPointError(message)
-        for message in self._checks.warnings(learner, cfg, self._num_updates, self._num_parameters):
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
-        elapsed = time.perf_counter() - started
-        self._iteration += 1
-        self._time_total += elapsed
-        result = self._result(elapsed, sampled0, trained0, learner, num_steps)
+        (result,), (learner,) = self._iterate()
         returned = result["env_runners"].get("episode_return_mean")
-        message = self._dead_policy.message(learner, returned, cfg)
+        message = self._dead_policy.message(learner, returned, self.config)
         if message:
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         return deep_merge(result, self.metrics.reduce())  # what the algorithm's hooks logged
 
-    def _result(
-        self, elapsed: float, sampled0: int, trained0: int, learner: dict, num_steps: int
-    ) -> dict:
-        """RLlib's nested result dict, plus impala_jax's perf/ and fault_tolerance/."""
-        group = self.env_runner_group
-        new_episodes, episode_metrics = group.drain_episodes_and_metrics()
-        if self._processes > 1:
-            # Every process's episodes, in process order: the same window everywhere.
-            rows = np.asarray(new_episodes, np.float64).reshape(-1, 2)
-            rows = distributed.allgather_rows(rows, "the iteration's episodes")
-            new_episodes = [(float(r), int(n)) for r, n in rows]
-        self._episodes.add(new_episodes)
-        sampled = self.num_env_steps_sampled_lifetime - sampled0
-        env_runners = self._episodes.result(len(new_episodes), sampled)
-        timers = merge_timers([self._timers.drain()] + group.drain_timers())
-        lag = np.concatenate(self._last_lag) if self._last_lag else np.zeros(1)
-        self._last_lag = []
-        self._iterations_since_restore += 1
-        self._time_since_restore += elapsed
-        return train_result(
-            env_runners=env_runners,
-            episode_metrics=episode_metrics,
-            learner=learner,
-            timers=timers,
-            lag=lag,
-            sampled=sampled,
-            trained=self._env_steps_trained - trained0,
-            elapsed=elapsed,
-            num_env_steps_sampled_lifetime=self.num_env_steps_sampled_lifetime,
-            num_env_steps_trained_lifetime=self._env_steps_trained,
-            num_updates_lifetime=self._num_updates,
-            num_episodes_lifetime=self._episodes.num_episodes_lifetime,
-            num_trainable_parameters=self._num_parameters,
-            num_training_step_calls=num_steps,
-            training_iteration=self._iteration,
-            time_total_s=self._time_total,
-            # train_batch_size_per_learner rounded up to whole fragments (config.py).
-            batch_size_per_learner=self.step_spec.columns * self._T,
-            total_batch_size=self.batch_env_steps,
-            learner_queue_size=group.queue_size(),
-            sys_usage=self._sys_usage.result() if self._sys_usage is not None else {},
-            fault_tolerance=group.fault_tolerance_metrics(),
-            trainable=trainable_info(
-                self._iterations_since_restore, self._time_since_restore, self._result_config
-            ),
-        )
+    def _check_learner(self, learners: list[dict]) -> None:
+        """A non-finite loss stops the run; the learner warnings (diagnostics.py)."""
+        (learner,) = learners
+        message = diagnostics.non_finite_message(learner)
+        if message:
+            self.stop()
+            raise FloatingPointError(message)
+        config, updates, size = self.config, self._num_updates, self._num_parameters
+        for message in self._checks.warnings(learner, config, updates, size):
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     def evaluate(self, parallel_train_future=None) -> dict:
         """``evaluation_duration`` episodes (or timesteps) with the current params, or
@@ -523,15 +363,15 @@ class IMPALA(Checkpointable):
                 f"(as get_weights() returns), got keys {sorted(weights)}."
             )
         self.learner.set_params(weights[DEFAULT_MODULE_ID])
-        self.env_runner_group.publish(self.learner.state.params)
+        self.engine.publish()
 
     def stop(self) -> None:
         """Ends every thread and closes every env; idempotent."""
         if self._stopped:
             return
         self._stopped = True
-        if self.env_runner_group is not None:
-            self.env_runner_group.stop()
+        if self.engine is not None:
+            self.engine.stop()
         if self.learner is not None:
             self.learner.wait_for_warm_up()
         if self._evaluator is not None:

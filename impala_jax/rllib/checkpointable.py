@@ -17,7 +17,6 @@ import jax
 import numpy as np
 
 from impala_jax.runtime import checkpoint, distributed
-from impala_jax.runtime.buffers import MinibatchBuffer
 from impala_jax.runtime.import_path import import_object, split_import_path
 
 # state.json's key of the config's class ("module:qualname"); a checkpoint written before it
@@ -45,7 +44,7 @@ def import_path(path: str) -> Any:
 
 
 class Checkpointable:
-    """The state methods of `IMPALA` (a mixin: they use its learner, runners and counters)."""
+    """The state methods of `IMPALA` (a mixin: they use its learner, engine and counters)."""
 
     def get_state(self) -> dict:
         """Learner state, replay slots, counters and the episode window as host values. Over
@@ -61,37 +60,30 @@ class Checkpointable:
                 "num_env_steps_sampled_lifetime": self.num_env_steps_sampled_lifetime,
                 "num_env_steps_trained_lifetime": self._env_steps_trained,
                 "num_updates_lifetime": self._num_updates,
-                "num_episodes_lifetime": self._episodes.num_episodes_lifetime,
+                "num_episodes_lifetime": self._episodes[0].num_episodes_lifetime,
             },
-            "episodes": self._episodes.get_state(),
+            "episodes": self._episodes[0].get_state(),
         }
 
     def set_state(self, state: dict) -> None:
         """Learner state, counters and the episode window; the runners then sample with the
         restored params only (fragments and episodes begun before are dropped)."""
         self.learner.load_state_arrays(state["learner"], state.get("replay"))
-        group = self.env_runner_group
-        group.restart_for_restore()
-        if self._minibatch_buffer is not None:
-            self._minibatch_buffer = MinibatchBuffer(
-                self.config.minibatch_buffer_size, self.config.num_epochs, group.next_batch
-            )
+        self.engine.restart_for_restore()
         c = state["counters"]
         self._iteration = c["training_iteration"]
         self._time_total = c["time_total_s"]
-        if self._processes > 1:  # the restored total of all processes, plus what each samples
-            self._sampled_base = self._global_sampled = c["num_env_steps_sampled_lifetime"]
-            group.set_num_env_steps_sampled_lifetime(0)
-        else:
-            group.set_num_env_steps_sampled_lifetime(c["num_env_steps_sampled_lifetime"])
+        self.engine.set_num_env_steps_sampled_lifetime(c["num_env_steps_sampled_lifetime"])
         self._env_steps_trained = c["num_env_steps_trained_lifetime"]
         self._num_updates = c["num_updates_lifetime"]
         episodes = state.get("episodes") or {}
-        self._episodes.set_state(dict(episodes, num_episodes_lifetime=c["num_episodes_lifetime"]))
+        self._episodes[0].set_state(
+            dict(episodes, num_episodes_lifetime=c["num_episodes_lifetime"])
+        )
         self._last_lag = []
         self._iterations_since_restore = 0
         self._time_since_restore = 0.0
-        group.publish(self.learner.state.params)
+        self.engine.publish()
 
     def save_to_path(self, path=None) -> str:
         """Writes a checkpoint to ``path`` (a new temporary directory if None); its path.

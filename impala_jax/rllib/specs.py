@@ -9,6 +9,7 @@ import math
 from impala_jax.core.losses import LossSpec
 from impala_jax.core.optim import OptimizerSpec
 from impala_jax.core.update import StepSpec
+from impala_jax.runtime.engine import DeviceSpec, HostEngineSpec
 from impala_jax.runtime.parallel import learner_device_count
 
 
@@ -106,3 +107,28 @@ def clip_rewards(config):
             is_atari = is_atari_id(config.env)
         return True if is_atari else None
     return config.clip_rewards
+
+
+def device_spec(config) -> DeviceSpec:
+    """An on-device run's rollout (runtime/device_runner.py)."""
+    return DeviceSpec(
+        env=str(config.env),
+        num_envs=config.num_envs_per_env_runner * max(1, config.num_env_runners),
+        rollout_fragment_length=config.get_rollout_fragment_length(),
+        policy_lag=config.policy_lag or 0,
+        explore=bool(config.explore),
+        normalize_actions=bool(config.normalize_actions),
+        clip_actions=bool(config.clip_actions),
+    )
+
+
+def host_engine_spec(config, step: StepSpec, num_devices: int) -> HostEngineSpec:
+    """How the host engine feeds a learner of ``num_devices`` devices taking ``step``'s batch."""
+    trained_columns = (step.columns + step.replay_columns) * num_devices
+    return HostEngineSpec(
+        minibatch_buffer_size=config.minibatch_buffer_size,
+        num_epochs=config.num_epochs,
+        fake_sampler=bool(config.fake_sampler),
+        sample_only=bool(config._env_runners_only or config._skip_learners),
+        env_steps_trained_per_update=trained_columns * config.get_rollout_fragment_length(),
+    )

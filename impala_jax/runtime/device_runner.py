@@ -1,11 +1,12 @@
-"""IMPALA on device for envs written in JAX: acting, env stepping and the update in one program.
+"""The device engine: acting, env stepping and the update in one program, for envs in JAX.
 
-``DeviceRunnerGroup`` stands where ``EnvRunnerGroup`` stands for a host env, with the same face
-towards the algorithm (episodes, counts, the ParamStore that evaluation and inference read), but
-without threads or queues: each ``update`` runs one compiled program that rolls out every env
-for ``T`` steps (core/rollout.py), as often as one learner batch needs, and hands the fragments
-to the learner's own per-device step (replay, schedules, loss, optimizer) on the same devices.
-The envs are split over the learner devices along the batch axis.
+``DeviceEngine`` is the ``Engine`` (runtime/engine.py) of an env written in JAX: no threads or
+queues; each ``next_update`` runs one compiled program that rolls out every env for ``T`` steps
+(core/rollout.py), as often as one learner batch needs, and hands the fragments to the
+learner's own per-device step (replay, schedules, loss, optimizer) on the same devices, through
+``Learner.run``: the learner keeps its state. The envs are split over the learner devices along
+the batch axis. Over a member axis the same program trains a group of seeds side by side
+(rllib/seed_group.py).
 
 ``policy_lag`` = k: the envs act with the params of k updates before (the params before the
 last k updates, kept in a ring on device); 0 acts with the params being updated, so every
@@ -31,9 +32,10 @@ from impala_jax.core.rollout import (
 )
 from impala_jax.core.types import LEARNER_AXIS
 from impala_jax.runtime import parallel, program_cache
+from impala_jax.runtime.engine import DeviceSpec, Report, Update
 from impala_jax.runtime.env_runner import ParamStore
 from impala_jax.runtime.jax_envs import action_map, check_device_actions
-from impala_jax.runtime.metrics_logger import MetricsLogger
+from impala_jax.runtime.metrics import Timers
 
 
 def _merge_rollouts(x):
@@ -42,17 +44,16 @@ def _merge_rollouts(x):
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
-def rollout_plan(config, learner) -> tuple[int, int, int]:
+def rollout_plan(spec, learner) -> tuple[int, int, int]:
     """``(envs, rollouts per update, env steps per update)`` of an on-device run: the envs
     split evenly over the learner devices, each device's batch columns a whole number of
     rollouts of its envs (else a ValueError naming the fields)."""
-    T = config.get_rollout_fragment_length()
-    num_envs = config.num_envs_per_env_runner * max(1, config.num_env_runners)
+    T, num_envs = spec.rollout_fragment_length, spec.num_envs
     devices, columns = learner.num_devices, learner.step_spec.columns
     envs_per_device = num_envs // devices
     if num_envs % devices or columns % envs_per_device:
         raise ValueError(
-            f"env {config.env!r} on device: num_envs_per_env_runner x max(1, "
+            f"env {spec.env!r} on device: num_envs_per_env_runner x max(1, "
             f"num_env_runners) = {num_envs} envs over {devices} learner device(s) must "
             f"divide evenly, and each device's {columns} batch columns "
             f"(train_batch_size_per_learner / rollout_fragment_length) must be a multiple "
@@ -63,15 +64,15 @@ def rollout_plan(config, learner) -> tuple[int, int, int]:
     return num_envs, rollouts, num_envs * T * rollouts
 
 
-def device_rollout(config, env, policy):
-    """The config's rollout of ``env`` with ``policy`` (an ``acting.Policy``); a ValueError
+def device_rollout(spec, env, policy):
+    """The spec's rollout of ``env`` with ``policy`` (an ``acting.Policy``); a ValueError
     where its actions could leave the action space unnoticed (``check_device_actions``)."""
-    check_device_actions(env.action_space, config.normalize_actions, config.clip_actions, env.name)
+    check_device_actions(env.action_space, spec.normalize_actions, spec.clip_actions, env.name)
     return make_rollout(
         env,
-        make_policy_fn(policy.networks, policy.distribution, config.explore),
-        action_map(env.action_space, config.normalize_actions, config.clip_actions),
-        config.get_rollout_fragment_length(),
+        make_policy_fn(policy.networks, policy.distribution, spec.explore),
+        action_map(env.action_space, spec.normalize_actions, spec.clip_actions),
+        spec.rollout_fragment_length,
     )
 
 
@@ -170,85 +171,103 @@ def ended_episodes(drained: list, seed: int | None = None) -> list[tuple[float, 
     return out
 
 
-def rollout_description(config, env) -> list:
-    """What decides ``device_rollout(config, env, ...)``'s trace beside the networks: the env
+def rollout_description(spec, env) -> list:
+    """What decides ``device_rollout(spec, env, ...)``'s trace beside the networks: the env
     (its id, params and gymnax's version), the fragment length and how actions are taken."""
     return [
         env.name,
         repr(env.params),
         env.version,
-        config.get_rollout_fragment_length(),
-        config.explore,
-        config.normalize_actions,
-        config.clip_actions,
+        spec.rollout_fragment_length,
+        spec.explore,
+        spec.normalize_actions,
+        spec.clip_actions,
     ]
 
 
-class DeviceRunnerGroup:
-    """The on-device rollouts of a run, and the one program that samples and updates."""
+class DeviceEngine:
+    """The rollouts of a run, or of a group of seeds side by side, and the one program that
+    samples and updates; the ``Learner`` keeps the state (see the module docstring)."""
 
-    def __init__(self, config, env, policy, learner, actor_device, seed: int, example):
+    def __init__(self, spec: DeviceSpec, env, policy, learner, actor_device, seeds, grouped=False):
         """``env``: a ``core.rollout.JaxEnv`` with gymnasium spaces; ``policy``: the run's
-        ``acting.Policy``; ``example()``: a host batch like the learner's (replay's slots)."""
+        ``acting.Policy``; ``seeds``: the envs' seed of each member. ``grouped``: the learner's
+        state and replay slots carry a leading member axis (``Learner.init_group``), and the
+        program maps the step over it."""
         if jax.process_count() > 1:
             raise ValueError(
-                f"environment(env={config.env!r}): an env written in JAX trains on the devices "
+                f"environment(env={spec.env!r}): an env written in JAX trains on the devices "
                 "of one process; several processes (--num-processes) need a host env id."
             )
-        self.config = config
-        self.runners: list = []  # no runner threads: the rollout is part of the update
-        self._learner = learner
-        self._example = example
+        self.spec = spec
+        self.learner = learner
+        self.members = len(seeds)
+        self._grouped = grouped
         self.num_envs, self.rollouts_per_update, self.env_steps_per_update = rollout_plan(
-            config, learner
+            spec, learner
         )
-        self.lag = config.policy_lag or 0
-        self.param_store = ParamStore(learner.state.params, actor_device)
-        self.metrics = MetricsLogger()  # what the group's callbacks would log: none on device
+        self.lag = spec.policy_lag
+        params = learner.state.params
+        # What evaluation and inference read: the one run's params (a group has neither).
+        self.param_store = None if grouped else ParamStore(params, actor_device)
+        self.timers = Timers()
+        self._policy = policy
         self._env = env
-        self._seed = seed
+        self._seeds = list(seeds)
         self._restores = 0
         self._sampled_base = 0
         self._sampled = 0
         self._since_fill = 0  # updates since the ring was filled: the lag grows to policy_lag
         self._episodes: list[Episodes] = []
         self._carry = self._reset_envs()
-        self._ring = acting_ring(learner.state.params, self.lag)
-        rollout = device_rollout(config, env, policy)
+        self._ring = acting_ring(params, self.lag, seeds=grouped)
+        step, T = learner.step_spec, spec.rollout_fragment_length
+        self._trained_per_update = (step.columns + step.replay_columns) * learner.num_devices * T
         self._program = device_program(
-            rollout,
+            device_rollout(spec, env, policy),
             learner,
             self.rollouts_per_update,
             self.lag,
-            description=rollout_description(config, env),
+            seeds=grouped,
+            description=rollout_description(spec, env),
         )
 
     def _reset_envs(self) -> EnvCarry:
-        carry = initial_envs(self._env, self._seed, self._restores, self.num_envs)
-        return parallel.put(carry, self._learner.mesh, parallel.LEADING, may_alias=False)
+        carries = [initial_envs(self._env, s, self._restores, self.num_envs) for s in self._seeds]
+        if not self._grouped:
+            return parallel.put(carries[0], self.learner.mesh, parallel.LEADING, may_alias=False)
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *carries)
+        return parallel.put(stacked, self.learner.mesh, P(None, LEARNER_AXIS), may_alias=False)
 
-    def update(self, learner) -> tuple[dict, np.ndarray]:
-        """One program: sample a batch with the acting params and update on it. Returns the
-        metrics (on device) and the ParamStore version of the params that acted, per column."""
-        if learner.step_spec.replay_columns and learner.replay == ():
-            learner.init_replay(self._example())
-        self._sampled += self.env_steps_per_update
-        env_steps = optim.env_steps_operand(self.num_env_steps_sampled_lifetime)
-        out = self._program(learner.state, learner.replay, self._carry, self._ring, env_steps)
-        learner.state, learner.replay, self._carry, self._ring, metrics, episodes = out
+    def start(self) -> None:
+        """Nothing to start: the rollout runs inside each update."""
+
+    def next_update(self) -> Update:
+        """One program: sample a batch with the acting params and update on it."""
+        learner = self.learner
+        with self.timers.time("learner_dispatch"):
+            if learner.step_spec.replay_columns and learner.replay == ():
+                learner.init_replay(self._example_batch())
+            self._sampled += self.env_steps_per_update
+            env_steps = optim.env_steps_operand(self.num_env_steps_sampled_lifetime)
+            out = learner.run(self._program, self._carry, self._ring, env_steps)
+            self._carry, self._ring, metrics, episodes = out
         self._episodes.append(episodes)
         lag = min(self.lag, self._since_fill)
         self._since_fill += 1
         columns = learner.step_spec.columns * learner.num_devices
-        return metrics, np.full(columns, self.param_store.version - lag, np.int32)
+        return Update(metrics, np.full(columns, lag, np.int32), self._trained_per_update)
 
-    # The face EnvRunnerGroup shows the algorithm.
+    def _example_batch(self):
+        """A host batch like the learner's, for the replay slots' shapes."""
+        spec, learner = self.spec, self.learner
+        dtype = self._policy.action_dtype(learner.state.params)
+        columns = learner.step_spec.columns * learner.num_devices
+        return self._policy.example_batch(spec.rollout_fragment_length, columns, dtype)
 
-    def start(self, to_device=None) -> None:
-        """Nothing to start: the rollout runs inside each update."""
-
-    def publish(self, params) -> None:
-        self.param_store.publish(params)
+    def publish(self) -> None:
+        if self.param_store is not None:
+            self.param_store.publish(self.learner.state.params)
 
     def begin_iteration(self) -> None:
         pass
@@ -263,31 +282,16 @@ class DeviceRunnerGroup:
     def set_num_env_steps_sampled_lifetime(self, value: int) -> None:
         self._sampled_base, self._sampled = value, 0
 
-    def drain_episodes_and_metrics(self) -> tuple[list[tuple[float, int]], dict]:
-        return self.drain_episodes(), self.metrics.reduce()
-
-    def drain_episodes(self) -> list[tuple[float, int]]:
-        """(return, length) of every episode that ended since the last call, in the order the
-        updates ran, then row by row, then env by env."""
+    def drain(self) -> Report:
+        """Each member's episodes that ended since the last call, in the order the updates
+        ran, then row by row, then env by env."""
         drained, self._episodes = jax.device_get(self._episodes), []
-        return ended_episodes(drained)
-
-    def drain_timers(self) -> list[dict]:
-        return []
-
-    def queue_size(self) -> int:
-        return 0
-
-    def fault_tolerance_metrics(self) -> dict:
-        return {
-            "num_non_finite_fragments_dropped": 0,
-            "non_finite_fragments_by_env": {},
-            "num_healthy_workers": 0,
-            "num_remote_worker_restarts": 0,
-            "num_env_runner_failures": 0,
-            "num_env_restarts": 0,
-            "num_dropped_episodes": 0,
-        }
+        members = range(self.members) if self._grouped else [None]
+        return Report(
+            episodes=[ended_episodes(drained, seed=i) for i in members],
+            timers=[self.timers.drain()],
+            fault_tolerance=NO_FAULTS,
+        )
 
     def restart_for_restore(self) -> None:
         """After a restore: fresh envs (a new key), running episodes dropped, and the ring
@@ -296,7 +300,21 @@ class DeviceRunnerGroup:
         self._episodes = []
         self._carry = self._reset_envs()
         self._since_fill = 0
-        self._ring = acting_ring(self._learner.state.params, self.lag)
+        self._ring = acting_ring(self.learner.state.params, self.lag, seeds=self._grouped)
 
     def stop(self) -> None:
+        """Releases the envs, the ring and the episodes; idempotent."""
         self._episodes = []
+        self._carry = self._ring = None
+
+
+# The host engine's fault counts (EnvRunnerGroup.fault_tolerance_metrics): none on device.
+NO_FAULTS = {
+    "num_non_finite_fragments_dropped": 0,
+    "non_finite_fragments_by_env": {},
+    "num_healthy_workers": 0,
+    "num_remote_worker_restarts": 0,
+    "num_env_runner_failures": 0,
+    "num_env_restarts": 0,
+    "num_dropped_episodes": 0,
+}

@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from impala_jax.core import optim
-from impala_jax.core.types import Batch, LearnerState
+from impala_jax.core.types import LEARNER_AXIS, Batch, LearnerState
 from impala_jax.core.update import Replay, make_learner_step
 from impala_jax.runtime import parallel, program_cache
 
@@ -37,6 +37,12 @@ MAX_UNROLLED_UPDATES_ON_CPU = 16
 def _layout(batch: Batch) -> list:
     """Shapes and dtypes of a batch's leaves: what a program compiled ahead of time takes."""
     return [(x.shape, str(x.dtype)) for x in jax.tree.leaves(batch)]
+
+
+def run_keys(seed: int) -> tuple:
+    """A run's learner key and actor key, from its seed."""
+    learner_key, actor_key = jax.random.split(jax.random.key(seed))
+    return learner_key, actor_key
 
 
 # XLA options for a program that runs once: compiled fast rather than run fast.
@@ -68,10 +74,9 @@ class Learner:
         the real shapes and dtypes; the step then compiles in a thread of its own (warm_up)
         from here on, beside the initial state's compilation rather than after it.
 
-        ``initial_state=False``: no state is created (``state`` is None; its program is traced
-        for the shapes but neither compiled nor run), for a caller that makes its own states
-        from ``init_state`` (a group of seeds, rllib/seed_group.py); ``abstract_state`` gives
-        the shapes."""
+        ``initial_state=False``: no state is created yet (``state`` is None; its program is
+        traced for the shapes but neither compiled nor run): a group of runs makes its states
+        with ``init_group`` (rllib/seed_group.py); ``abstract_state`` gives the shapes."""
         self.mesh = parallel.make_mesh(devices)
         self.num_devices = len(devices)
         self._host_batches = (
@@ -87,7 +92,7 @@ class Learner:
             zero = jnp.zeros((), jnp.int32)
             return LearnerState(params, opt_state, zero, state_key), replay_key
 
-        # Pure: a group of seeds side by side (rllib/seed_group.py) maps it over their keys.
+        # Pure: a group of runs side by side (init_group) maps it over their keys.
         self.init_state = init_state
         # One compiled program, not dozens of ops, and compiled without XLA's backend
         # optimizations: it runs once, and they would lengthen its compilation for nothing.
@@ -159,6 +164,26 @@ class Learner:
             self.state, self._replay_key = init(key)
         else:
             self.state, self._replay_key = traced.lower().compile(FAST_COMPILE)(key)
+
+    def init_group(self, keys: list, example: Batch) -> None:
+        """The states of a group of runs trained side by side, each from its run's learner key
+        (``run_keys``), made in one program: every leaf of ``state`` and of the replay slots
+        (shaped like one column of ``example``) carries a leading member axis, the slots
+        split over the mesh's devices behind it."""
+        replicated = NamedSharding(self.mesh, parallel.REPLICATED)
+        init = jax.jit(jax.vmap(self.init_state), out_shardings=(replicated, None))
+        self.state, replay_keys = init(jnp.stack(keys))
+        if self.step_spec.replay_columns:
+            slots = [self.replay_slots(k, example) for k in replay_keys]
+            slots = jax.tree.map(lambda *xs: jnp.stack(xs), *slots)
+            self.replay = parallel.put(slots, self.mesh, P(None, LEARNER_AXIS), may_alias=False)
+
+    def run(self, program: Callable, *args) -> tuple:
+        """Runs ``program(state, replay, *args) -> (state, replay, *outputs)`` (the learner's
+        step wrapped with what feeds it, as the device engine's rollout and update are), keeps
+        the state and slots it returns, and returns the outputs."""
+        self.state, self.replay, *outputs = program(self.state, self.replay, *args)
+        return tuple(outputs)
 
     def init_replay(self, example: Batch) -> None:
         """Zeroed slots shaped like one column of ``example`` (a host fragment), on the mesh."""

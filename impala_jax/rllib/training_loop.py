@@ -1,0 +1,158 @@
+"""The iteration loop that ``IMPALA`` and ``SeedGroup`` share, whatever engine runs it.
+
+``training_step`` is the paper's loop: the engine samples (or rolls out) a batch and the
+learner trains on it, and every ``broadcast_interval`` updates the actors get the new params.
+An iteration repeats it until RLlib's per-iteration minimums hold (``min_time_s_per_iteration``,
+``min_sample_timesteps_per_iteration``, ``min_train_timesteps_per_iteration``; over several
+processes process 0 decides), fetches the learner's metrics once, and makes RLlib's result for
+each member of the engine (one run, or each seed of a group).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from impala_jax.rllib.module import DEFAULT_MODULE_ID
+from impala_jax.runtime import checkpoint, distributed
+from impala_jax.runtime.engine import Engine
+from impala_jax.runtime.metrics import (
+    EpisodeStats,
+    SysUsage,
+    Timers,
+    merge_timers,
+    train_result,
+    trainable_info,
+)
+
+
+class TrainingLoop:
+    """The loop and its counters (a base of ``IMPALA`` and ``SeedGroup``)."""
+
+    config: object
+    engine: Engine
+
+    def _init_loop(self, engine: Engine, learner) -> None:
+        """The counters of a new run whose ``engine`` trains ``learner``."""
+        config = self.config
+        self.engine, self.learner = engine, learner
+        self._T = config.get_rollout_fragment_length()
+        self.batch_env_steps = learner.step_spec.columns * learner.num_devices * self._T
+        self._sys_usage = SysUsage() if config.log_sys_usage else None
+        window = config.metrics_num_episodes_for_smoothing
+        self._episodes = [EpisodeStats(window) for _ in range(engine.members)]
+        self._timers = Timers()
+        self._iteration = 0
+        self._time_total = 0.0
+        self._env_steps_trained = 0
+        self._num_updates = 0
+        self._last_lag: list = []
+        self._last_learner_metrics: dict = {}
+        self._iterations_since_restore = 0  # Tune's bookkeeping keys, as RLlib's results have
+        self._time_since_restore = 0.0
+        self._result_config = checkpoint.jsonable(config.to_dict())
+        # RLlib's single-agent `policies` entry, which RLlib's own result checks read.
+        self._result_config.setdefault("policies", {DEFAULT_MODULE_ID: (None, None, None, None)})
+        params = learner.abstract_state.params
+        self._num_parameters = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+
+    @property
+    def num_env_steps_sampled_lifetime(self) -> int:
+        """Env steps sampled so far (of each member; over several processes, by all of them
+        as of the last update: the count every process agreed on)."""
+        return self.engine.num_env_steps_sampled_lifetime
+
+    def training_step(self) -> None:
+        """One update, booked: its policy lag, the env steps trained, the params published."""
+        update = self.engine.next_update()
+        if update is None:  # an engine that only samples
+            return
+        self._last_learner_metrics = update.metrics
+        self._last_lag.append(update.lag)
+        self._num_updates += 1
+        self._env_steps_trained += update.env_steps_trained
+        if self._num_updates % self.config.broadcast_interval == 0:
+            with self._timers.time("broadcast"):
+                self.engine.publish()
+
+    def _iteration_done(self, started: float, sampled0: int, trained0: int) -> bool:
+        cfg = self.config
+        done = (
+            time.perf_counter() - started >= (cfg.min_time_s_per_iteration or 0)
+            and self.num_env_steps_sampled_lifetime - sampled0
+            >= (cfg.min_sample_timesteps_per_iteration or 0)
+            and self._env_steps_trained - trained0 >= (cfg.min_train_timesteps_per_iteration or 0)
+        )
+        # Process 0 decides, so every process runs the same number of updates.
+        return bool(distributed.broadcast(np.bool_(done), "process 0's end of iteration"))
+
+    def _check_learner(self, learners: list[dict]) -> None:
+        """Called with each member's learner metrics as soon as they are fetched."""
+
+    def _iterate(self) -> tuple[list[dict], list[dict]]:
+        """One iteration: each member's result and the learner's metrics (floats) it holds
+        (``train_result`` adds the step counts to them)."""
+        started = time.perf_counter()
+        sampled0, trained0 = self.num_env_steps_sampled_lifetime, self._env_steps_trained
+        self.engine.begin_iteration()
+        num_steps = 0
+        while True:
+            self.training_step()
+            num_steps += 1
+            if self._iteration_done(started, sampled0, trained0):
+                break
+        with self._timers.time("learner_fetch"):
+            # The one device->host fetch of the iteration; it also waits for the last step.
+            fetched = jax.device_get(self._last_learner_metrics)
+        self.engine.end_iteration()
+        members = self.engine.members
+        learners = [
+            {k: float(np.reshape(v, members)[i]) for k, v in fetched.items()}
+            for i in range(members)
+        ]
+        self._check_learner(learners)
+        elapsed = time.perf_counter() - started
+        self._iteration += 1
+        self._time_total += elapsed
+        self._iterations_since_restore += 1
+        self._time_since_restore += elapsed
+        report = self.engine.drain()
+        sampled = self.num_env_steps_sampled_lifetime - sampled0
+        timers = merge_timers([self._timers.drain(), *report.timers])
+        lag = np.concatenate(self._last_lag) if self._last_lag else np.zeros(1)
+        self._last_lag = []
+        sys_usage = self._sys_usage.result() if self._sys_usage is not None else {}
+        results = []
+        for episodes, stats, learner in zip(report.episodes, self._episodes, learners, strict=True):
+            stats.add(episodes)
+            result = train_result(
+                env_runners=stats.result(len(episodes), sampled),
+                episode_metrics=report.episode_metrics,
+                learner=learner,
+                timers=timers,
+                lag=lag,
+                sampled=sampled,
+                trained=self._env_steps_trained - trained0,
+                elapsed=elapsed,
+                num_env_steps_sampled_lifetime=self.num_env_steps_sampled_lifetime,
+                num_env_steps_trained_lifetime=self._env_steps_trained,
+                num_updates_lifetime=self._num_updates,
+                num_episodes_lifetime=stats.num_episodes_lifetime,
+                num_trainable_parameters=self._num_parameters,
+                num_training_step_calls=num_steps,
+                training_iteration=self._iteration,
+                time_total_s=self._time_total,
+                # train_batch_size_per_learner rounded up to whole fragments (config.py).
+                batch_size_per_learner=self.learner.step_spec.columns * self._T,
+                total_batch_size=self.batch_env_steps,
+                learner_queue_size=report.queue_size,
+                sys_usage=sys_usage,
+                fault_tolerance=report.fault_tolerance,
+                trainable=trainable_info(
+                    self._iterations_since_restore, self._time_since_restore, self._result_config
+                ),
+            )
+            results.append(result)
+        return results, learners
