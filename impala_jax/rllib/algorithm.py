@@ -380,12 +380,6 @@ class IMPALA(TrainingLoop, Checkpointable):
             self._holds_blas = False
             release_blas_threads()
 
-    def __enter__(self) -> IMPALA:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def __del__(self):
         # The garbage collector runs a finalizer wherever it happens to run, so a signal
         # handler can fire inside it (Ray's SIGTERM handler raises SystemExit in a trial's

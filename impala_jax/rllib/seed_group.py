@@ -78,9 +78,3 @@ class SeedGroup(TrainingLoop):
         if self.engine is not None:
             self.engine.stop()
         self.engine = self.learner = None
-
-    def __enter__(self) -> SeedGroup:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

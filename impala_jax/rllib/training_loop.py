@@ -156,3 +156,9 @@ class TrainingLoop:
             )
             results.append(result)
         return results, learners
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()  # IMPALA's, SeedGroup's
