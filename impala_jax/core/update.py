@@ -310,7 +310,7 @@ def make_learner_step(
     ``max_unrolled_updates``: up to this many minibatch updates per step run as an unrolled
     sequence, more as a ``lax.scan``.
     """
-    entropy_coeff_at = optim.piecewise_linear(loss_spec.entropy_coeff)
+    entropy_coeff_at = optim.piecewise_linear(loss_spec.entropy_coeff, "entropy_coeff")
     loss_fn = _make_loss_fn(networks, distribution, loss_spec)
 
     def learner_step(state: LearnerState, batch: Batch, replay, env_steps):
