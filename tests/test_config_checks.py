@@ -6,6 +6,7 @@ import jax
 import pytest
 
 from impala_jax import IMPALAConfig
+from impala_jax.core import optim
 
 # (builder, kwargs, field named in the message, offending value as shown in the message)
 INVALID = [
@@ -185,3 +186,70 @@ def test_separate_vf_optimizer_needs_separate_layers_and_lr():
     config.training(_lr_vf=0.0)
     with pytest.raises(ValueError, match="_lr_vf=0.0"):
         config.validate()
+
+
+def _config_accepts(**training) -> bool:
+    try:
+        IMPALAConfig().training(**training).validate()
+    except ValueError:
+        return False
+    return True
+
+
+def _raises_value_error(fn, *args, **kwargs) -> bool:
+    try:
+        fn(*args, **kwargs)
+    except ValueError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("field", "name"),
+    [("opt_type", n) for n in ("adam", "rmsprop", "sgd", "adamw", "RMSProp")]
+    + [("grad_clip_by", n) for n in ("value", "norm", "global_norm", "l2", "Norm")],
+)
+def test_the_checks_and_the_optimizer_know_the_same_names(field, name):
+    # One list of names (core/optim_rules.py): a name one side takes and the other refuses
+    # would pass validate() and fail at build, or the reverse.
+    built = not _raises_value_error(optim.OptimizerSpec, **{field: name})
+    assert _config_accepts(**{field: name}) == built
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        0.0,
+        0.5,
+        -0.01,
+        float("nan"),
+        [[0, 0.1], [10, 0.0]],
+        [(0, 0.1), (5, 0.05), (9, 0.0)],
+        [[0, 0.1]],  # one point: RLlib asks for two
+        [[0, 0.1], [10, -0.1]],  # a negative value
+        [[0, 0.1], [10, float("nan")]],
+        [[5, 0.1], [10, 0.0]],  # first timestep not 0
+        [[0, 0.1], [10, 0.2], [10, 0.3]],  # not increasing
+        [[0, 0.1], [10]],
+        [[0, 0.1, 3], [10, 0.2]],
+        [["0", 0.1], [10, 0.2]],
+        [[0, True], [10, 0.2]],
+        [],
+    ],
+)
+def test_the_checks_and_the_schedule_take_the_same_values(value):
+    # entropy_coeff, whose number rule (>= 0) is the schedule's own; lr's adds > 0 on top.
+    built = not _raises_value_error(optim.piecewise_linear, value, "entropy_coeff")
+    assert _config_accepts(entropy_coeff=value) == built
+    if isinstance(value, list):
+        assert _config_accepts(lr=value) == built
+        assert _config_accepts(entropy_coeff_schedule=value) == built
+
+
+def test_a_schedule_error_names_the_field_the_value_and_the_fix():
+    with pytest.raises(
+        ValueError, match=r"entropy_coeff=\[\[0, 0.1\]\]: .*at least 2.*\[\[0, v0\]"
+    ):
+        optim.piecewise_linear([[0, 0.1]], "entropy_coeff")
+    with pytest.raises(ValueError, match=r"lr=-0.1: expected a number >= 0"):
+        optim.OptimizerSpec(lr=-0.1)

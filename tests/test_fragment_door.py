@@ -199,3 +199,40 @@ def saturate(params):
     params = jax.tree_util.tree_map_with_path(push, params)
     assert found
     return params
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float16, np.float64, "bfloat16", np.int32, np.uint8, np.bool_]
+)
+@pytest.mark.parametrize("shape", [(5, 4), (6, 4, 3), (2, 4, 3, 2), (4,)])
+def test_numpy_and_jax_call_the_same_columns_non_finite(dtype, shape):
+    import jax.numpy as jnp
+
+    from impala_jax.core.finite import non_finite_columns
+
+    x = np.zeros(shape, jnp.dtype(dtype))
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        x.reshape(-1)[[1, -1]] = [np.nan, np.inf]
+    by_numpy = non_finite_columns(x)
+    by_jax = non_finite_columns(jnp.asarray(x), jnp)
+    assert (by_numpy is None) == (by_jax is None)
+    if by_numpy is not None:
+        np.testing.assert_array_equal(by_numpy, np.asarray(by_jax))
+        assert by_numpy.any()
+
+
+def test_the_door_and_the_replay_write_refuse_the_same_columns():
+    # The door's rule (NumPy, per field) and the learner step's (jnp, the replay write) are one.
+    import jax.numpy as jnp
+
+    from impala_jax.core.update import finite_columns
+    from impala_jax.runtime.buffers import non_finite_columns
+
+    batch = random_batch(0, B)
+    batch.reward[3, 1] = np.nan
+    batch.obs[-1, 4, 2] = np.inf  # the bootstrap row counts too
+    batch.behaviour_logits[0, 6, 0] = -np.inf
+    door = np.logical_or.reduce(list(non_finite_columns(batch).values()))
+    learner = np.asarray(finite_columns(jax.tree.map(jnp.asarray, batch)))
+    np.testing.assert_array_equal(door, ~learner)
+    assert list(np.flatnonzero(door)) == [1, 4, 6]

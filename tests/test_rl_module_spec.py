@@ -137,3 +137,36 @@ def test_a_search_space_is_carried_until_a_trial_resolves_it():
     assert config.to_dict()["rl_module_spec"] == space
     with pytest.raises(ValueError, match="rl_module_spec"):
         config.environment("CartPole-v1").build()
+
+
+@pytest.mark.parametrize(
+    ("factory", "names"),
+    [
+        (None, "own"),
+        (DEFAULT_FACTORY, "own"),
+        ("impala_jax.core.networks:make_networks", "own"),
+        (my_factory, "custom"),
+        (FACTORY_PATH, "custom"),
+        ("tests.test_rl_module_spec.my_factory", "custom"),
+        (NOT_A_FUNCTION, "nothing"),
+        ("tests.test_rl_module_spec:NOT_A_FUNCTION", "nothing"),
+        ("tests.test_rl_module_spec:no_such_factory", "nothing"),
+        ("my_factory", "nothing"),
+    ],
+)
+def test_validate_and_the_runners_resolve_a_factory_alike(factory, names):
+    # One resolution (runtime/network_factory.py): a factory validate() passes is one the
+    # runners and the learner can build with, and the reverse.
+    from impala_jax.runtime import acting
+
+    try:
+        resolved = acting.resolve_factory(factory)
+    except ValueError:
+        resolved = "nothing"
+    assert {None: "own", my_factory: "custom"}.get(resolved, resolved) == names
+    try:
+        with_factory(factory).validate()
+    except ValueError:
+        assert names == "nothing"
+    else:
+        assert names != "nothing"

@@ -152,6 +152,32 @@ def test_json_and_csv_loggers_resume_cleanly(tmp_path):
     assert [r["training_iteration"] for r in rows] == ["1", "2", "3"]
 
 
+def test_a_csv_rewrite_and_a_curve_draw_are_whole_or_nothing(tmp_path, monkeypatch):
+    # Both write a temporary sibling and rename it (write_atomic's rule): a failed rename
+    # leaves the old file and no temporary one behind.
+    from impala_jax.cli import curve
+
+    csv_log = loggers.CSVLogger(tmp_path)
+    csv_log.write({"training_iteration": 1})
+    csv_log.write({"training_iteration": 2, "evaluation": {"r": 5.0}})  # a new key: rewrite
+    before = (tmp_path / "progress.csv").read_bytes()
+    assert before.splitlines(keepends=True)[0].endswith(b"\r\n")  # csv's own line ends
+    curve.draw(tmp_path / "learning_curve.png", [(1.0, 1.0, 0.0, 2.0, 1.0)], {}, "")
+    drawn = (tmp_path / "learning_curve.png").read_bytes()
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        csv_log.write({"training_iteration": 3, "new": 1.0})
+    with pytest.raises(OSError, match="disk full"):
+        curve.draw(tmp_path / "learning_curve.png", [(2.0, 2.0, 0.0, 2.0, 1.0)], {}, "")
+    assert (tmp_path / "progress.csv").read_bytes() == before
+    assert (tmp_path / "learning_curve.png").read_bytes() == drawn
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["learning_curve.png", "progress.csv"]
+
+
 def test_tensorboard_and_curve(tmp_path):
     import matplotlib.image
 

@@ -89,9 +89,15 @@ def draw(path: Path, points: list[Point], stop: Mapping[str, Any], title: str) -
     plot_curve(ax, points, stop)
     if title:
         ax.set_title(title)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp)
-    os.replace(tmp, path)
+    # runtime/checkpoint.write_atomic's rule, spelled out: this file runs alone in the drawing
+    # process and imports nothing of impala_jax.
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
+    try:
+        fig.savefig(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def serve(lines, path: Path, stop: Mapping[str, Any], title: str) -> None:

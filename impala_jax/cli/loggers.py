@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import io
 import json
 import logging
 import math
@@ -166,12 +167,11 @@ class CSVLogger:
             return list(reader.fieldnames or []), rows
 
     def _rewrite(self, rows: list[dict]) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, self._fields, restval="")
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, self.path)
+        text = io.StringIO(newline="")  # csv's own \r\n line ends, as the appends write them
+        writer = csv.DictWriter(text, self._fields, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        write_atomic(self.path, text.getvalue())
 
     def write(self, result: Mapping) -> None:
         metrics = {k: v for k, v in result.items() if k != "config"}  # as Tune's CSV logger

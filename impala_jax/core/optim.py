@@ -20,8 +20,7 @@ gradient leaves the params and every optimizer moment untouched and is counted
 from __future__ import annotations
 
 import dataclasses
-import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -29,37 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-Schedule = float | tuple[tuple[int | float, float], ...]
+from impala_jax.core.optim_rules import GRAD_CLIP_BY, OPT_TYPES, Schedule, as_schedule
 
-OPT_TYPES = ("adam", "rmsprop")
-GRAD_CLIP_BY = ("global_norm", "norm", "value")
 VF_PREFIX = "vf"
-
-
-def _normalise_schedule(spec: Any) -> Schedule:
-    """A float stays a float; `[[t, v], ...]` becomes `((t, v), ...)` after validation."""
-    if isinstance(spec, bool):
-        raise ValueError(f"A schedule must be a number or [[timestep, value], ...], got {spec!r}.")
-    if isinstance(spec, numbers.Real):
-        return float(spec)
-    if not isinstance(spec, Sequence) or isinstance(spec, str) or len(spec) == 0:
-        raise ValueError(f"A schedule must be a number or [[timestep, value], ...], got {spec!r}.")
-    points = []
-    for point in spec:
-        if isinstance(point, str) or not isinstance(point, Sequence) or len(point) != 2:
-            raise ValueError(
-                f"Each schedule entry must be a [timestep, value] pair, got {point!r}."
-            )
-        t = float(point[0])
-        points.append((int(t) if t.is_integer() else t, float(point[1])))
-    timesteps = [t for t, _ in points]
-    if timesteps[0] != 0:
-        raise ValueError(
-            f"A schedule's first timestep must be 0, got {timesteps[0]!r} in {spec!r}."
-        )
-    if any(b <= a for a, b in zip(timesteps, timesteps[1:], strict=False)):
-        raise ValueError(f"A schedule's timesteps must be strictly increasing, got {spec!r}.")
-    return tuple(points)
 
 
 def _split(x: float) -> tuple[np.float32, np.float32]:
@@ -75,26 +46,25 @@ def env_steps_operand(env_steps: int) -> np.ndarray:
     return np.array(_split(int(env_steps)), np.float32)
 
 
-def piecewise_linear(spec: Any) -> Callable[[jax.Array], jax.Array]:
+def piecewise_linear(spec: Any, name: str = "schedule") -> Callable[[jax.Array], jax.Array]:
     """Schedule as a traceable function of the env-step counter.
 
-    `spec` is a float (constant) or `[[timestep, value], ...]` with first timestep 0 and
-    increasing timesteps. Between points the value is interpolated linearly in the env-step
-    counter; past the last point it is held at the last value, as RLlib's `Scheduler` does
-    (a `PiecewiseSchedule` whose `outside_value` is the last value). Returns float32.
+    `spec` is a float (constant) or `[[timestep, value], ...]` by `optim_rules.schedule_problem`'s
+    rule; a ValueError names `name`, the field the value came from. Between points the value is
+    interpolated linearly in the env-step counter; past the last point it is held at the last
+    value, as RLlib's `Scheduler` does (a `PiecewiseSchedule` whose `outside_value` is the last
+    value). Returns float32.
 
     The counter is a scalar or `env_steps_operand`'s ``[hi, lo]`` pair. The value is a sum of
     clamped ramps, ``y0 + sum_k (y_{k+1} - y_k) clip((t - x_k) / (x_{k+1} - x_k), 0, 1)``, with
     ``t - x_k`` taken as ``(hi - x_k_hi) + (lo - x_k_lo)``: near a breakpoint, where it matters,
     the difference is exact however large the counter (no float32 rounding of 3e9 to 256 steps).
     """
-    spec = _normalise_schedule(spec)
+    spec = as_schedule(name, spec)
     if isinstance(spec, float):
         value = spec
         return lambda env_steps: jnp.full((), value, jnp.float32)
     y0 = float(spec[0][1])
-    if len(spec) == 1:
-        return lambda env_steps: jnp.full((), y0, jnp.float32)
     starts = [_split(t) for t, _ in spec[:-1]]
     x_hi = jnp.asarray([h for h, _ in starts], jnp.float32)
     x_lo = jnp.asarray([lo for _, lo in starts], jnp.float32)
@@ -137,7 +107,7 @@ class OptimizerSpec:
     max_consecutive_non_finite: int = 10
 
     def __post_init__(self):
-        object.__setattr__(self, "lr", _normalise_schedule(self.lr))
+        object.__setattr__(self, "lr", as_schedule("lr", self.lr))
         if self.opt_type not in OPT_TYPES:
             raise ValueError(f"opt_type={self.opt_type!r}: expected one of {OPT_TYPES}.")
         if self.grad_clip_by not in GRAD_CLIP_BY:
@@ -191,7 +161,7 @@ def _scale_by_neg_lr(
 
 def _single(spec: OptimizerSpec, lr: Schedule) -> optax.GradientTransformationExtraArgs:
     """clip -> optimizer -> lr, for one parameter group."""
-    lr_fn = piecewise_linear(lr)
+    lr_fn = piecewise_linear(lr, "lr")
     if spec.opt_type == "adam":
         # Adam with optax's defaults (b1=0.9, b2=0.999, eps=1e-8 added outside the bias-corrected
         # sqrt, as torch does), matching RLlib's old stack, which built the framework's default
@@ -307,7 +277,7 @@ def _apply_if_finite(
 
 def current_lr(spec: OptimizerSpec, env_steps: jax.Array) -> jax.Array:
     """The (non-vf) learning rate at `env_steps`, float32; reported as `curr_lr`."""
-    return piecewise_linear(spec.lr)(env_steps)
+    return piecewise_linear(spec.lr, "lr")(env_steps)
 
 
 def consecutive_non_finite(opt_state: optax.ApplyIfFiniteState) -> jax.Array:

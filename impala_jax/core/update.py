@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from impala_jax.core import losses, optim
+from impala_jax.core import finite, losses, optim
 from impala_jax.core.types import LEARNER_AXIS, Batch, LearnerState
 
 
@@ -75,12 +75,13 @@ def _permutations(key, rows: int, n: int) -> jax.Array:
 
 
 def finite_columns(batch: Batch) -> jax.Array:
-    """bool ``[B]``: whether every floating-point value of a column is finite (time-major fields,
-    a recurrent ``core_state`` ``[K, B, ...]`` too)."""
+    """bool ``[B]``: whether every value of a column is finite, by `core.finite`'s rule (the
+    runners' door applies the same one)."""
     ok = jnp.ones(batch.reward.shape[1], bool)
     for x in jax.tree.leaves(batch):
-        if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim >= 2:
-            ok &= jnp.all(jnp.isfinite(x).reshape(x.shape[0], x.shape[1], -1), axis=(0, 2))
+        bad = finite.non_finite_columns(x, jnp)
+        if bad is not None:
+            ok &= ~bad
     return ok
 
 
@@ -310,7 +311,7 @@ def make_learner_step(
     ``max_unrolled_updates``: up to this many minibatch updates per step run as an unrolled
     sequence, more as a ``lax.scan``.
     """
-    entropy_coeff_at = optim.piecewise_linear(loss_spec.entropy_coeff)
+    entropy_coeff_at = optim.piecewise_linear(loss_spec.entropy_coeff, "entropy_coeff")
     loss_fn = _make_loss_fn(networks, distribution, loss_spec)
 
     def learner_step(state: LearnerState, batch: Batch, replay, env_steps):

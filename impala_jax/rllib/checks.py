@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
+from impala_jax.core.optim_rules import GRAD_CLIP_BY, OPT_TYPES, SCHEDULE_FORM, schedule_problem
 from impala_jax.rllib.compat_tables import NOT_HERE
 from impala_jax.rllib.device_checks import check_device_fields
 from impala_jax.rllib.model_config_checks import merge_model_config, model_config_problems
@@ -23,7 +24,6 @@ from impala_jax.rllib.values import (
     is_real,
     is_schedule,
     is_search_space,
-    schedule_problem,
 )
 from impala_jax.runtime.callbacks import (
     CALLBACK_KEYWORDS,
@@ -32,8 +32,6 @@ from impala_jax.runtime.callbacks import (
     unsupported_overrides,
 )
 
-OPT_TYPES = ("adam", "rmsprop")
-GRAD_CLIP_BY = ("value", "norm", "global_norm")
 LOSS_REDUCTIONS = ("mean", "sum")
 LOG_LEVELS = ("DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL")
 
@@ -351,7 +349,7 @@ class _Validator:
             if is_schedule(value):
                 problem = schedule_problem(value)
                 if problem:
-                    c.fail(name, f"invalid schedule: {problem}; expected [[0, v0], [t1, v1], ...]")
+                    c.fail(name, f"invalid schedule: {problem}; expected {SCHEDULE_FORM}")
                 elif schedule is not None:
                     c.fail(
                         name,
@@ -367,7 +365,7 @@ class _Validator:
         if c.ok(schedule_name) and schedule is not None:
             problem = schedule_problem(schedule)
             if problem:
-                c.fail(schedule_name, f"invalid schedule: {problem}; expected [[0, v0], ...]")
+                c.fail(schedule_name, f"invalid schedule: {problem}; expected {SCHEDULE_FORM}")
 
     def _batch_sizes(self) -> None:
         c, cfg = self, self.c

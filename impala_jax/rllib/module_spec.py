@@ -16,11 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from impala_jax.rllib.values import is_search_space
-from impala_jax.runtime.import_path import import_object, split_import_path
+from impala_jax.runtime.network_factory import OWN_FACTORY, is_own_factory, resolve_factory
 
 # impala_jax's own network factory, as `IMPALAConfig.get_default_rl_module_spec()` names it.
-DEFAULT_FACTORY = "impala_jax.core.networks.make_networks"
-_OWN_FACTORIES = (DEFAULT_FACTORY, "impala_jax.core.networks:make_networks")
+DEFAULT_FACTORY = OWN_FACTORY
 
 _HOW = (
     "pass impala_jax.RLModuleSpec(factory=fn) with fn(model_config, observation_space, "
@@ -88,34 +87,12 @@ def spec_to_dict(spec: RLModuleSpec) -> dict[str, Any]:
     return {"factory": spec.factory}
 
 
-def is_own_factory(factory: Any) -> bool:
-    """True for impala_jax's own networks: None, or ``make_networks`` itself or by path."""
-    if factory is None or factory in _OWN_FACTORIES:
-        return True
-    module = getattr(factory, "__module__", None)
-    return module == "impala_jax.core.networks" and getattr(factory, "__qualname__", "") == (
-        "make_networks"
-    )
-
-
 def factory_problem(factory: Any) -> str | None:
     """Why `factory` cannot be a network factory, or None (an import path is imported)."""
-    if factory is None or callable(factory):
-        return None
-    if not isinstance(factory, str):
-        return f"its factory {factory!r} is not callable; {_HOW}"
-    parts = split_import_path(factory)
-    if parts is None:
-        return (
-            f"its factory {factory!r} is not an importable path 'pkg.mod:fn' (a lambda or a "
-            "local function has none); define the factory at module level"
-        )
     try:
-        obj = import_object(*parts)
-    except (ImportError, AttributeError) as err:
-        return f"its factory {factory!r} cannot be imported ({type(err).__name__}: {err})"
-    if not callable(obj):
-        return f"its factory {factory!r} names {obj!r}, which is not callable; {_HOW}"
+        resolve_factory(factory)
+    except ValueError as err:
+        return f"its {err}; {_HOW}"
     return None
 
 

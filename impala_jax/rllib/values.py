@@ -1,6 +1,7 @@
 """What a config value is: a Tune search space, an int, a real, a schedule.
 
-The small predicates the config, its checks and the model_config checks share. No JAX and no
+The small predicates the config, its checks and the model_config checks share (what makes a
+schedule valid is `core/optim_rules.py`'s rule, which the optimizer applies too). No JAX and no
 ray here: the config imports this module.
 """
 
@@ -43,22 +44,3 @@ def is_real(x: Any) -> bool:
 def is_schedule(x: Any) -> bool:
     """A value given as a schedule [[timestep, value], ...] rather than one number."""
     return isinstance(x, list | tuple)
-
-
-def schedule_problem(value: Any) -> str | None:
-    """Why `value` is not a valid [[timestep, value], ...] schedule, or None."""
-    if not isinstance(value, list | tuple) or len(value) < 2:
-        return "a schedule needs at least 2 [timestep, value] pairs"
-    for point in value:
-        if not isinstance(point, list | tuple) or len(point) != 2:
-            return f"entry {point!r} is not a [timestep, value] pair"
-        if not (is_real(point[0]) and point[0] >= 0 and is_real(point[1])):
-            return f"entry {point!r} needs a timestep >= 0 and a numeric value"
-        if point[1] < 0:
-            return f"entry {point!r} has a negative value"
-    if value[0][0] != 0:
-        return f"the first timestep must be 0, not {value[0][0]!r}"
-    steps = [p[0] for p in value]
-    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
-        return f"timesteps {steps} must be strictly increasing"
-    return None

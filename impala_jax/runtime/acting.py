@@ -2,8 +2,9 @@
 learner compiles for.
 
 The networks come from the network factory (``rl_module_spec``'s ``factory``, Brax's
-``network_factory``): None for impala_jax's own (``core.networks.make_networks``, or
-``core.recurrent.make_recurrent_networks`` when ``model_config["use_lstm"]``), a callable
+``network_factory``, resolved by network_factory.py): None for impala_jax's own
+(``core.networks.make_networks``, or ``core.recurrent.make_recurrent_networks`` when
+``model_config["use_lstm"]``), a callable
 ``factory(model_config, observation_space, action_space) -> Networks``, or its import path
 ``"pkg.mod:fn"``. Three actors can run them: the jitted JAX act, the NumPy host actor
 (host_actor.py, which mirrors impala_jax's own MLP only) and the recurrent actor of an LSTM
@@ -31,36 +32,7 @@ from impala_jax.runtime.host_actor import (
     act_macs,
     host_actor_unsupported,
 )
-from impala_jax.runtime.import_path import import_object, split_import_path
-
-
-def resolve_factory(factory: Any) -> Callable | None:
-    """The user's network factory that ``factory`` names; None for impala_jax's own networks
-    (None, or ``make_networks`` itself). An import path is ``"pkg.mod:fn"`` (as checkpoints
-    store callables) or ``"pkg.mod.fn"``."""
-    if isinstance(factory, str):
-        parts = split_import_path(factory)
-        if parts is None:
-            raise ValueError(
-                f"rl_module_spec factory={factory!r}: not an importable path; define the factory "
-                "at module level and give it (or its path 'pkg.mod:fn')."
-            )
-        module, qualname = parts
-        try:
-            factory = import_object(module, qualname)
-        except (ImportError, AttributeError) as err:
-            raise ValueError(
-                f"rl_module_spec factory={factory!r}: cannot import {qualname!r} from "
-                f"{module!r} ({err})."
-            ) from err
-    if factory is None or factory is make_networks:
-        return None
-    if not callable(factory):
-        raise TypeError(
-            f"rl_module_spec factory={factory!r} is not callable: give "
-            "factory(model_config, observation_space, action_space) -> Networks, or its path."
-        )
-    return factory
+from impala_jax.runtime.network_factory import resolve_factory
 
 
 def make_policy_networks(factory: Any, model_config, observation_space, action_space):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from impala_jax.core import finite
 from impala_jax.core.types import Trajectory
 from impala_jax.runtime.metrics import Timers
 
@@ -25,16 +26,13 @@ _FIELD_NAMES = {"obs": "observation", "reward": "reward", "behaviour_logits": "b
 
 
 def non_finite_columns(traj: Trajectory) -> dict[str, np.ndarray]:
-    """Each floating-point field of a fragment that holds a non-finite value -> bool ``[B]``,
-    the columns (envs) holding one; empty for a fragment the learner can train on."""
+    """Each field of a fragment that holds a non-finite value -> bool ``[B]``, the columns
+    (envs) holding one (`core.finite`'s rule); empty for a fragment the learner can train on."""
     out: dict[str, np.ndarray] = {}
     for name, value in traj._asdict().items():
         for x in jax.tree.leaves(value):
-            x = np.asarray(x)
-            if x.dtype.kind != "f" or x.ndim < 2:  # param_version [B] and integer obs pass
-                continue
-            bad = ~np.isfinite(x.reshape(x.shape[0], x.shape[1], -1)).all(axis=(0, 2))
-            if bad.any():
+            bad = finite.non_finite_columns(np.asarray(x))
+            if bad is not None and bad.any():
                 out[name] = out[name] | bad if name in out else bad
     return out
 
