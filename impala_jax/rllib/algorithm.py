@@ -206,11 +206,16 @@ class IMPALA(TrainingLoop, Checkpointable):
         self._actions = Actions(self.policy, engine.param_store, self._adapter, actor_key)
 
     def train(self) -> dict:
-        """One iteration (RLlib's min_time_s / min_*_timesteps_per_iteration semantics)."""
+        """One iteration (RLlib's min_time_s / min_*_timesteps_per_iteration semantics), with
+        an evaluation every ``evaluation_interval`` iterations."""
         if self._stopped:
             raise RuntimeError("this IMPALA was stopped; build a new one from its config.")
+        interval = self.config.evaluation_interval
         try:
-            result = self._train()
+            if interval and (self._iteration + 1) % interval == 0:
+                result = self._evaluated_iteration()
+            else:
+                (result,) = self._iterate()
             # RLlib calls it after the result is compiled: what it logs lands in the next one.
             self._callbacks.call(
                 "on_train_result", algorithm=self, metrics_logger=self.metrics, result=result
@@ -220,48 +225,30 @@ class IMPALA(TrainingLoop, Checkpointable):
             raise
         return result
 
-    def _train(self) -> dict:
-        cfg = self.config
-        interval = cfg.evaluation_interval
-        evaluate_now = bool(interval) and (self._iteration + 1) % interval == 0
-        if evaluate_now and self._processes > 1:
-            # Process 0 evaluates (the params are the same everywhere); the others receive it.
-            if self._primary:
-                result = self._evaluated_iteration()
-            else:
-                result = self._training_iteration()
-            result["evaluation"] = distributed.broadcast_json(
-                result.get("evaluation"),
-                "process 0's evaluation",
-                extra_s=cfg.evaluation_sample_timeout_s or 0,
-            )
-            return result
-        if evaluate_now:
-            return self._evaluated_iteration()
-        return self._training_iteration()
-
     def _evaluated_iteration(self) -> dict:
-        """One training iteration with its evaluation (in parallel when so configured)."""
-        if self.config.evaluation_parallel_to_training:
+        """One training iteration with its evaluation, in parallel when so configured. Over
+        several processes process 0 evaluates (the params are the same everywhere) and the
+        others receive its evaluation."""
+        if not self._primary:
+            (result,) = self._iterate()
+        elif self.config.evaluation_parallel_to_training:
             # RLlib's _run_one_training_iteration_and_evaluation_in_parallel: the training step
             # runs in a thread while this one evaluates the params the iteration started with.
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="training") as pool:
-                future = pool.submit(self._training_iteration)
+                future = pool.submit(self._iterate)
                 evaluation = self.evaluate(parallel_train_future=future)
-                result = future.result()
+                (result,) = future.result()
             result["evaluation"] = evaluation
-            return result
-        result = self._training_iteration()
-        result["evaluation"] = self.evaluate()
+        else:
+            (result,) = self._iterate()
+            result["evaluation"] = self.evaluate()
+        if self._processes > 1:
+            result["evaluation"] = distributed.broadcast_json(
+                result.get("evaluation"),
+                "process 0's evaluation",
+                extra_s=self.config.evaluation_sample_timeout_s or 0,
+            )
         return result
-
-    def _training_iteration(self) -> dict:
-        (result,), (learner,) = self._iterate()
-        returned = result["env_runners"].get("episode_return_mean")
-        message = self._dead_policy.message(learner, returned, self.config)
-        if message:
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
-        return deep_merge(result, self.metrics.reduce())  # what the algorithm's hooks logged
 
     def _check_learner(self, learners: list[dict]) -> None:
         """A non-finite loss stops the run; the learner warnings (diagnostics.py)."""
@@ -273,6 +260,14 @@ class IMPALA(TrainingLoop, Checkpointable):
         config, updates, size = self.config, self._num_updates, self._num_parameters
         for message in self._checks.warnings(learner, config, updates, size):
             warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+    def _finish_result(self, result: dict, learner: dict) -> dict:
+        """The dead-policy report, and what the algorithm's hooks logged (diagnostics.py)."""
+        returned = result["env_runners"].get("episode_return_mean")
+        message = self._dead_policy.message(learner, returned, self.config)
+        if message:
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return deep_merge(result, self.metrics.reduce())
 
     def evaluate(self, parallel_train_future=None) -> dict:
         """``evaluation_duration`` episodes (or timesteps) with the current params, or

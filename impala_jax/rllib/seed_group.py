@@ -60,7 +60,7 @@ class SeedGroup(TrainingLoop):
 
     def train(self) -> list[dict]:
         """One iteration of every seed (``IMPALA.train()``'s stop rule): a result per seed."""
-        results, _ = self._iterate()
+        results = self._iterate()
         for seed, result in zip(self.seeds, results, strict=True):
             result["seed"] = seed
         return results

@@ -91,9 +91,12 @@ class TrainingLoop:
     def _check_learner(self, learners: list[dict]) -> None:
         """Called with each member's learner metrics as soon as they are fetched."""
 
-    def _iterate(self) -> tuple[list[dict], list[dict]]:
-        """One iteration: each member's result and the learner's metrics (floats) it holds
-        (``train_result`` adds the step counts to them)."""
+    def _finish_result(self, result: dict, learner: dict) -> dict:
+        """Called with each member's result and the learner metrics it holds."""
+        return result
+
+    def _iterate(self) -> list[dict]:
+        """One iteration: each member's result."""
         started = time.perf_counter()
         sampled0, trained0 = self.num_env_steps_sampled_lifetime, self._env_steps_trained
         self.engine.begin_iteration()
@@ -154,8 +157,8 @@ class TrainingLoop:
                     self._iterations_since_restore, self._time_since_restore, self._result_config
                 ),
             )
-            results.append(result)
-        return results, learners
+            results.append(self._finish_result(result, learner))
+        return results
 
     def __enter__(self):
         return self
