@@ -32,7 +32,8 @@ _STARTED = time.perf_counter()  # a child's stages are timed from its module's i
 
 def _child(mode: str, seed: int, out: str) -> None:
     """One measured run; writes its figures as JSON to `out`."""
-    from impala_jax.cli.experiment import load_experiment, stop_reached
+    from impala_jax.cli.experiment import load_experiment
+    from impala_jax.cli.stop_criteria import stop_reached
 
     config, stop = load_experiment(common.CARTPOLE_EXPERIMENT)
     stages = {"imports_s": time.perf_counter() - _STARTED}

@@ -26,16 +26,9 @@ try:
     from impala_jax.cli import loggers, process
     from impala_jax.cli.args import EXIT_FAILED, EXIT_STOPPED, EXIT_USAGE, parse_args
     from impala_jax.cli.display import Display
-    from impala_jax.cli.experiment import (
-        RunError,
-        apply_overrides,
-        check_stop,
-        check_stop_keys,
-        load_experiment,
-        one_line,
-        parse_stop,
-        stop_reached,
-    )
+    from impala_jax.cli.errors import RunError, one_line
+    from impala_jax.cli.experiment import load_experiment
+    from impala_jax.cli.overrides import apply_overrides
     from impala_jax.cli.run_dir import (
         CheckpointFailed,
         checkpoint_config,
@@ -46,6 +39,7 @@ try:
         resume_point,
         write_run_files,
     )
+    from impala_jax.cli.stop_criteria import check_stop, check_stop_keys, parse_stop, stop_reached
     from impala_jax.rllib.values import find_search_space
     from impala_jax.runtime import distributed
     from impala_jax.runtime.jax_setup import enable_compile_cache, initialize_lapack

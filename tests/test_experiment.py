@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from impala_jax import IMPALAConfig
-from impala_jax.cli import experiment
-from impala_jax.cli.experiment import RunError
+from impala_jax.cli import errors, experiment, overrides, result_schema, stop_criteria
+from impala_jax.cli.errors import RunError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,18 +19,18 @@ def config():
 
 
 def test_parse_value():
-    assert experiment.parse_value("3e-4") == 3e-4
-    assert experiment.parse_value("[64, 64]") == [64, 64]
-    assert experiment.parse_value("None") is None
-    assert experiment.parse_value("CartPole-v1") == "CartPole-v1"
-    assert experiment.parse_value("pkg.mod:Env") == "pkg.mod:Env"
+    assert overrides.parse_value("3e-4") == 3e-4
+    assert overrides.parse_value("[64, 64]") == [64, 64]
+    assert overrides.parse_value("None") is None
+    assert overrides.parse_value("CartPole-v1") == "CartPole-v1"
+    assert overrides.parse_value("pkg.mod:Env") == "pkg.mod:Env"
     with pytest.raises(RunError, match="not a Python literal"):
-        experiment.parse_value("[1, 2")
+        overrides.parse_value("[1, 2")
 
 
 def test_overrides_go_through_the_builders():
     c = config().rl_module(model_config={"encoder": "mlp", "fcnet_hiddens": [4]})
-    experiment.apply_overrides(
+    overrides.apply_overrides(
         c,
         [
             "training.lr=1e-3",
@@ -60,27 +60,27 @@ def test_overrides_go_through_the_builders():
 )
 def test_override_errors(override, message):
     with pytest.raises(RunError, match=message) as err:
-        experiment.apply_overrides(config(), [override])
+        overrides.apply_overrides(config(), [override])
     assert "\n" not in str(err.value)
 
 
 def test_stop_parsing_and_criteria():
-    stop = experiment.parse_stop(["env_runners/episode_return_mean=450", "time_total_s=60"])
+    stop = stop_criteria.parse_stop(["env_runners/episode_return_mean=450", "time_total_s=60"])
     assert stop == {"env_runners/episode_return_mean": 450, "time_total_s": 60}
     with pytest.raises(RunError, match="not a number"):
-        experiment.parse_stop(["training_iteration=soon"])
+        stop_criteria.parse_stop(["training_iteration=soon"])
     with pytest.raises(RunError, match="KEY=VALUE"):
-        experiment.parse_stop(["training_iteration"])
+        stop_criteria.parse_stop(["training_iteration"])
     result = {"env_runners": {"episode_return_mean": float("nan")}, "time_total_s": 10.0}
-    assert experiment.stop_reached(result, stop) is None  # NaN (no episode yet) never stops
+    assert stop_criteria.stop_reached(result, stop) is None  # NaN (no episode yet) never stops
     result["env_runners"]["episode_return_mean"] = 451.0
-    assert experiment.stop_reached(result, stop) == "env_runners/episode_return_mean=451 >= 450"
-    assert experiment.stop_reached({"time_total_s": 1.0}, stop) is None  # absent: not yet
+    assert stop_criteria.stop_reached(result, stop) == "env_runners/episode_return_mean=451 >= 450"
+    assert stop_criteria.stop_reached({"time_total_s": 1.0}, stop) is None  # absent: not yet
 
 
 def test_one_line():
     err = ValueError("Invalid IMPALAConfig:\n  gamma=3: bad.\n  lr=-1: bad.")
-    assert experiment.one_line(err) == "Invalid IMPALAConfig: gamma=3: bad.; lr=-1: bad."
+    assert errors.one_line(err) == "Invalid IMPALAConfig: gamma=3: bad.; lr=-1: bad."
 
 
 def test_experiment_file_errors(tmp_path):
@@ -115,22 +115,22 @@ def test_stop_keys_not_reported_yet_are_fine_and_impossible_ones_fail_fast():
         "training_iteration": 10,
         "learners/default_policy/default_optimizer_learning_rate": 1,
     }
-    assert experiment.check_stop_keys(stop, c) == []
+    assert stop_criteria.check_stop_keys(stop, c) == []
     with pytest.raises(RunError, match=r"env_runners/episode_return \(did you mean "):
-        experiment.check_stop_keys({"env_runners/episode_return": 1}, c)
+        stop_criteria.check_stop_keys({"env_runners/episode_return": 1}, c)
     with pytest.raises(RunError, match="need evaluation"):
-        experiment.check_stop_keys({"evaluation/env_runners/episode_return_mean": 1}, c)
+        stop_criteria.check_stop_keys({"evaluation/env_runners/episode_return_mean": 1}, c)
     c.evaluation(evaluation_interval=2)
-    assert experiment.check_stop_keys({"evaluation/env_runners/episode_return_mean": 1}, c) == []
+    assert stop_criteria.check_stop_keys({"evaluation/env_runners/episode_return_mean": 1}, c) == []
     # Stages that only threaded runners have.
     with pytest.raises(RunError, match="timers/learner_wait_s"):
-        experiment.check_stop_keys({"timers/learner_wait_s": 1}, c)
+        stop_criteria.check_stop_keys({"timers/learner_wait_s": 1}, c)
     c.env_runners(num_env_runners=2)
-    assert experiment.check_stop_keys({"timers/learner_wait_s": 1}, c) == []
+    assert stop_criteria.check_stop_keys({"timers/learner_wait_s": 1}, c) == []
     with pytest.raises(RunError, match="not a result that training moves"):
-        experiment.check_stop_keys({"hostname": 1}, c)
+        stop_criteria.check_stop_keys({"hostname": 1}, c)
     with pytest.raises(RunError, match="not a result that training moves"):
-        experiment.check_stop_keys({"config/lr": 1}, c)
+        stop_criteria.check_stop_keys({"config/lr": 1}, c)
 
 
 def test_stop_keys_callbacks_may_log_are_kept_with_a_note():
@@ -146,26 +146,26 @@ def test_stop_keys_callbacks_may_log_are_kept_with_a_note():
     keys = {"env_runners/my_metric": 1, "evaluation/env_runners/my_metric": 1}
     top = {"my_top": 1, "learners/default_policy/my_loss": 1}
     c = config().evaluation(evaluation_interval=1)
-    assert experiment.callback_prefixes(c) == ()
+    assert result_schema.callback_prefixes(c) == ()
     with pytest.raises(RunError, match="my_metric"):
-        experiment.check_stop_keys(keys, c)
+        stop_criteria.check_stop_keys(keys, c)
     c.callbacks(RLlibCallback)  # the no-op base class logs nothing
-    assert experiment.callback_prefixes(c) == ()
+    assert result_schema.callback_prefixes(c) == ()
     # Episode hooks log under env_runners/ (evaluation/env_runners/ when evaluating).
     for episode_callbacks in ({"callbacks_class": EpisodeMetrics}, {"on_episode_end": print}):
         c = config().evaluation(evaluation_interval=1).callbacks(**episode_callbacks)
-        notes = experiment.check_stop_keys(keys, c)
+        notes = stop_criteria.check_stop_keys(keys, c)
         assert len(notes) == 2 and "env_runners/my_metric" in notes[0] and "callbacks" in notes[0]
         for key, value in top.items():
             with pytest.raises(RunError, match="never reports"):
-                experiment.check_stop_keys({key: value}, c)
+                stop_criteria.check_stop_keys({key: value}, c)
     c.evaluation(evaluation_interval=None)  # no evaluation episodes: nothing logged there
     with pytest.raises(RunError, match="evaluation/env_runners/my_metric"):
-        experiment.check_stop_keys(keys, c)
+        stop_criteria.check_stop_keys(keys, c)
     # An algorithm-level hook gets the algorithm's metrics logger and the result: anywhere.
     c.callbacks(on_train_result=on_train_result)
-    assert len(experiment.check_stop_keys({**keys, **top}, c)) == 4
-    assert experiment.check_stop_keys({"training_iteration": 3}, c) == []  # known: no note
+    assert len(stop_criteria.check_stop_keys({**keys, **top}, c)) == 4
+    assert stop_criteria.check_stop_keys({"training_iteration": 3}, c) == []  # known: no note
 
 
 @pytest.mark.timeout(240)
@@ -180,13 +180,13 @@ def test_result_schema_is_what_train_reports(num_env_runners):
     c = small_config(num_env_runners=num_env_runners).evaluation(
         evaluation_interval=2, evaluation_duration=1
     )
-    schema = experiment.result_schema(c)
+    schema = result_schema.result_schema(c)
     with c.build() as algo:
         first, second = algo.train(), algo.train()
     first_keys, second_keys = set(flatten(first)), set(flatten(second))
-    # A key train() reports that the schema lacks: list it in experiment.py's key lists.
+    # A key train() reports that the schema lacks: list it in result_schema.py's key lists.
     assert sorted(k for k in first_keys | second_keys if not schema.known(k)) == []
-    assert any(k.startswith(experiment.CONFIG_PREFIX) for k in first_keys)
+    assert any(k.startswith(result_schema.CONFIG_PREFIX) for k in first_keys)
     not_yet = schema.episode_keys | schema.evaluation_keys | schema.optional_keys
     assert "learners/default_policy/entropy_fraction_of_max" in first_keys  # CartPole: Discrete
     assert sorted(schema.keys - first_keys - not_yet) == []
@@ -229,7 +229,7 @@ def test_rllib_example_script_loads_with_its_own_arguments(monkeypatch):
     assert c.model_config["fcnet_hiddens"] == [5]  # the script's own argument
     assert c.evaluation_interval == 2 and c.evaluation_duration == 10  # RLlib's default
     assert stop["training_iteration"] == 3
-    assert experiment.check_stop_keys(stop, c) == []
+    assert stop_criteria.check_stop_keys(stop, c) == []
 
 
 def test_rllib_example_script_argument_errors(capsys):
@@ -274,7 +274,7 @@ PONG_CPU_OVERRIDES = [
 
 def test_pong_cpu_is_the_measured_command():
     measured, _ = experiment.load_experiment(ROOT / "experiments" / "pong.py")
-    experiment.apply_overrides(measured, PONG_CPU_OVERRIDES)
+    overrides.apply_overrides(measured, PONG_CPU_OVERRIDES)
     pong_cpu, stop = experiment.load_experiment(ROOT / "experiments" / "pong_cpu.py")
     assert pong_cpu.to_dict() == measured.to_dict()
     assert stop["num_env_steps_sampled_lifetime"] == 2_000_000

@@ -18,7 +18,8 @@ import pytest
 
 from impala_jax import run
 from impala_jax.cli.args import parse_args
-from impala_jax.cli.experiment import RunError, load_experiment
+from impala_jax.cli.errors import RunError
+from impala_jax.cli.experiment import load_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted((ROOT / "experiments").glob("*.py"))

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from impala_jax.cli.experiment import RunError
+from impala_jax.cli.errors import RunError
 from impala_jax.cli.process import set_jax_environment
 
 

@@ -171,7 +171,7 @@ def test_cartpole_experiment_learns_on_device_with_only_the_env_changed():
 def test_the_algorithm_surface_on_device(tmp_path):
     """train()'s result has every key the result schema names; evaluate(), actions, and a
     checkpoint that restores the learner state exactly."""
-    from impala_jax.cli.experiment import result_schema
+    from impala_jax.cli.result_schema import result_schema
 
     config = _small(lag=1).evaluation(evaluation_interval=2, evaluation_duration=3)
     with config.build() as algo:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from impala_jax.cli.experiment import RunError, one_line
+from impala_jax.cli.errors import RunError, one_line
 from impala_jax.runtime import distributed
 from impala_jax.runtime.jax_setup import force_host_devices
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from impala_jax.cli import loggers
-from impala_jax.cli.experiment import RunError, one_line
+from impala_jax.cli.errors import RunError, one_line
 from impala_jax.runtime.checkpoint import write_atomic
 
 RUN_FILE = "run.json"

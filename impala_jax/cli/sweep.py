@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from impala_jax.cli import loggers
-from impala_jax.cli.experiment import RunError, module_name, one_line
+from impala_jax.cli.errors import RunError, one_line
+from impala_jax.cli.experiment import module_name
 from impala_jax.cli.run_dir import RUN_FILE, new_run_dir, write_json
 from impala_jax.rllib.values import is_search_space
 from impala_jax.runtime.metrics import lookup
