@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
-# What train() returns, section by section, as slash paths. Written from the code that fills
-# each section (metrics.train_result, metrics.EpisodeStats.result, learner.learner_step's
-# metrics with losses.impala_loss's, the stage timers of env_runner / env_runner_group /
-# buffers / algorithm, EnvRunnerGroup.fault_tolerance_metrics, evaluation.Evaluator).
-# tests/test_experiment.py holds it equal to real results, so a key added there fails a test
-# until it is listed here.
+from impala_jax.core import learner_metrics
+
+# What train() returns, section by section, as slash paths. The learner's metrics come from
+# their declaration (core/learner_metrics.py); the rest is written from the code that fills
+# each section (metrics.train_result, metrics.EpisodeStats.result, the stage timers of
+# env_runner / env_runner_group / buffers / algorithm, EnvRunnerGroup.fault_tolerance_metrics,
+# evaluation.Evaluator). tests/test_experiment.py holds it equal to real results, so a key
+# added there fails a test until it is listed here.
 TOP_LEVEL_KEYS = (
     "num_env_steps_sampled_lifetime",
     "num_env_steps_trained_lifetime",
@@ -47,34 +49,10 @@ ENV_RUNNER_KEYS = (
     "num_env_steps_sampled_lifetime",
 )
 EVALUATION_ENV_RUNNER_KEYS = ENV_RUNNER_KEYS
-LEARNER_KEYS = (
-    "total_loss",
-    "pi_loss",
-    "vf_loss",
-    "entropy",
-    "mean_kl",
-    "mean_vs",
-    "vf_explained_var",
-    "mean_rho",
-    "clipped_rho_fraction",
-    "max_rho",
-    "mean_pi_loss",
-    "mean_vf_loss",
-    "gradients_default_optimizer_global_norm",
-    "curr_lr",
-    "curr_entropy_coeff",
-    "num_non_finite_updates",
-    "num_consecutive_non_finite_updates",
-    "update_to_param_norm_ratio",  # learning diagnostics (core/update.py)
-    "update_rms_to_lr_ratio",
-)
-# Reported for some configs only: entropy / its maximum (ln n for Discrete(n), none for Box), and
-# the encoder's feature diagnostics (core/update.py; feedforward policies, not LSTMs).
-OPTIONAL_LEARNER_KEYS = (
-    "entropy_fraction_of_max",
-    "encoder_dead_unit_fraction",
-    "encoder_feature_std",
-)
+# The learner's metrics (core/learner_metrics.py); those reported for some configs only:
+# entropy / its maximum (none for Box), the encoder's feature diagnostics (not for LSTMs).
+LEARNER_KEYS = tuple(k for k, m in learner_metrics.REPORTED.items() if not m.optional)
+OPTIONAL_LEARNER_KEYS = tuple(k for k, m in learner_metrics.REPORTED.items() if m.optional)
 # What the module reports also when no update runs (debugging(_skip_learners=True)).
 LEARNER_COUNT_KEYS = (
     "num_env_steps_trained",

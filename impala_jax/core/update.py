@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from impala_jax.core import finite, losses, optim
+from impala_jax.core import finite, learner_metrics, losses, optim
 from impala_jax.core.types import LEARNER_AXIS, Batch, LearnerState
 
 
@@ -39,10 +39,6 @@ class Replay(NamedTuple):
     data: Batch
     count: jax.Array  # [1] int32: columns ever inserted on this device
     key: jax.Array  # [1, 2] uint32 raw PRNG key data: slot sampling differs per device
-
-
-# Loss metrics that are not masked means over rows, and so are not reweighted per device.
-_NOT_MEANS = ("max_rho", "vf_explained_var")
 
 
 def _time_major(x):
@@ -226,14 +222,10 @@ def _make_loss_fn(networks, distribution, loss_spec: losses.LossSpec):
             distribution=distribution,
             entropy_coeff=entropy_coeff,
         )
-        # Masked means become shares of the global mean, so their pmean is the global mean.
-        metrics = {k: v if k in _NOT_MEANS else v * weight for k, v in metrics.items()}
-        # RLlib's names: pi_loss / vf_loss are sums over the (mini)batch's valid rows, beside
-        # their means; a device's share times the global row count has the global sum as pmean.
+        # Masked means become shares of the global mean, so their pmean is the global mean;
+        # RLlib's pi_loss / vf_loss are sums, beside the means.
         total_valid = jax.lax.psum(valid, LEARNER_AXIS)
-        for name in ("pi_loss", "vf_loss"):
-            metrics[f"mean_{name}"] = metrics[name]
-            metrics[name] = metrics[name] * total_valid
+        metrics = learner_metrics.device_shares(metrics, weight, total_valid)
         if features is not None:
             metrics.update(_feature_metrics(jax.lax.stop_gradient(features)))
         max_entropy = getattr(distribution, "max_entropy", None)
@@ -327,9 +319,13 @@ def make_learner_step(
         )
         carry = (state.params, state.opt_state)
         (params, opt_state), metrics = _run_updates(update, carry, order, max_unrolled_updates)
-        max_rho = jax.lax.pmax(metrics.pop("max_rho"), LEARNER_AXIS)
+        maxima = {
+            k: metrics.pop(k)
+            for k in learner_metrics.keys_reduced_by(learner_metrics.DEVICE_MAX)
+            if k in metrics
+        }
         metrics = jax.lax.pmean(metrics, LEARNER_AXIS)
-        metrics["max_rho"] = max_rho
+        metrics.update(jax.lax.pmax(maxima, LEARNER_AXIS))
         metrics["curr_lr"] = optim.current_lr(opt_spec, env_steps)
         metrics["curr_entropy_coeff"] = entropy_coeff
         metrics["num_non_finite_updates"] = optim.non_finite_count(opt_state)

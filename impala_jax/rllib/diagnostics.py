@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from impala_jax.core.learner_metrics import read_metric
+
 # Learner updates in a row with non-finite gradients (each skipped) before train() gives up.
 MAX_CONSECUTIVE_NON_FINITE = 10
 # After this many updates, one look at the optimizer's step size (stalled_step_message).
@@ -22,7 +24,7 @@ BLIND_DEAD_FRACTION = 0.9
 
 def non_finite_message(learner: dict) -> str | None:
     """The error that ends training after MAX_CONSECUTIVE_NON_FINITE skipped updates in a row."""
-    bad = learner.get("num_consecutive_non_finite_updates", 0)
+    bad = read_metric(learner, "num_consecutive_non_finite_updates", 0)
     if bad < MAX_CONSECUTIVE_NON_FINITE:
         return None
     return (
@@ -42,10 +44,10 @@ def blind_encoder_message(learner: dict) -> str | None:
     dead the value and the policy cannot tell frames apart (issue 17: too large an Adam step on
     Pong's Nature CNN).
     """
-    dead = learner.get("encoder_dead_unit_fraction")
+    dead = read_metric(learner, "encoder_dead_unit_fraction")
     if dead is None or not dead >= BLIND_DEAD_FRACTION:
         return None
-    spread = learner.get("encoder_feature_std", float("nan"))
+    spread = read_metric(learner, "encoder_feature_std", float("nan"))
     return (
         f"encoder_dead_unit_fraction={dead:.2f}: {dead:.0%} of the policy encoder's output units "
         f"are <= 0 for every observation of the last batch (dead ReLUs; the features' std across "
@@ -65,13 +67,13 @@ def stalled_step_message(learner: dict, config, num_parameters: int) -> str | No
     the square root, and the mean square starting at 1 as in TF1) can swamp it: the policy
     then never moves (issue 17).
     """
-    ratio = learner.get("update_rms_to_lr_ratio")
-    lr = learner.get("curr_lr", 0.0)
-    if ratio is None or not lr > 0 or learner.get("num_consecutive_non_finite_updates", 0):
+    ratio = read_metric(learner, "update_rms_to_lr_ratio")
+    lr = read_metric(learner, "curr_lr", 0.0)
+    if ratio is None or not lr > 0 or read_metric(learner, "num_consecutive_non_finite_updates", 0):
         return None  # no lr to compare with, or the last update was skipped (zero)
     if not ratio < STALLED_STEP_RATIO:
         return None
-    grad_norm = learner.get("gradients_default_optimizer_global_norm", float("nan"))
+    grad_norm = read_metric(learner, "gradients_default_optimizer_global_norm", float("nan"))
     if config.grad_clip is not None and config.grad_clip_by == "global_norm":
         grad_norm = min(grad_norm, config.grad_clip)  # what reaches the optimizer
     grad_rms = grad_norm / max(num_parameters, 1) ** 0.5
@@ -175,7 +177,7 @@ class DeadPolicyCheck:
         if self.warned or episode_return is None or not math.isfinite(episode_return):
             return None
         self.best_return = max(self.best_return, episode_return)
-        fraction = learner.get("entropy_fraction_of_max")
+        fraction = read_metric(learner, "entropy_fraction_of_max")
         fallen = episode_return < DEAD_RETURN_FRACTION * self.best_return
         # A positive best only: a task whose returns are all negative has no "far below".
         if fraction is None or not self.best_return > 0 or not fallen:

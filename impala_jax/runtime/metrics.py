@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from impala_jax.core.learner_metrics import read_metric
 from impala_jax.runtime.metrics_logger import deep_merge
 
 
@@ -173,7 +174,7 @@ def train_result(
         module_steps,
         num_env_steps_trained=trained,
         num_updates_lifetime=num_updates_lifetime,
-        default_optimizer_learning_rate=learner.get("curr_lr", float("nan")),
+        default_optimizer_learning_rate=read_metric(learner, "curr_lr", float("nan")),
         effective_train_batch_size_per_learner=batch_size_per_learner,
         effective_total_train_batch_size=total_batch_size,
     )
