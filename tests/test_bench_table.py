@@ -3,9 +3,16 @@
 Rendered from fake results: no benchmark runs here.
 """
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks import run_all
+
+BENCHMARKS_README = Path(__file__).resolve().parents[1] / "benchmarks" / "README.md"
+# Current figures first, then what bounds them and the measurements the code cites; the
+# history behind them stays in git (the README names the commits), not in this file.
+MAX_README_LINES = 400
 
 MACHINE = {"cpu_count": 2, "jax": "0.10.2", "jax_backend": "cpu"}
 RESULTS = {
@@ -95,3 +102,13 @@ def test_a_readme_without_both_markers_is_an_error():
         run_all.replace_figures("# no markers\n", "| table |")
     with pytest.raises(ValueError):
         run_all.replace_figures(f"{run_all.FIGURES_END}\n{run_all.FIGURES_START}\n", "| t |")
+
+
+def test_the_benchmarks_readme_stays_short_and_keeps_its_markers():
+    text = BENCHMARKS_README.read_text()
+    lines = len(text.splitlines())
+    assert lines <= MAX_README_LINES, (
+        f"benchmarks/README.md has {lines} lines, over {MAX_README_LINES}: condense the history "
+        "(it stays in git) rather than raising the cap"
+    )
+    assert text.count(run_all.FIGURES_START) == text.count(run_all.FIGURES_END) == 1
