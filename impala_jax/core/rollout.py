@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
+from impala_jax.core.policy import act
 from impala_jax.core.types import Trajectory
 
 
@@ -152,24 +153,15 @@ def make_rollout(env: JaxEnv, policy: Callable, to_env_action: Callable, T: int)
     return rollout
 
 
-def sample_per_env(distribution, explore: bool) -> Callable:
-    """``sample(dist_inputs [B, P], keys [B]) -> actions``: env ``i`` samples with its own key
-    (``explore``), or every env takes the distribution's mode."""
-    if not explore:
-        return lambda dist_inputs, keys: distribution.mode(dist_inputs)
-
-    def one(key, dist_inputs):
-        return distribution.sample(key, dist_inputs[None])[0]
-
-    return lambda dist_inputs, keys: jax.vmap(one)(keys, dist_inputs)
-
-
 def make_policy_fn(networks, distribution, explore: bool = True) -> Callable:
-    """``policy(params, obs, keys) -> (action, dist_inputs)`` for ``make_rollout``."""
-    sample = sample_per_env(distribution, explore)
+    """``policy(params, obs, keys) -> (action, dist_inputs)`` for ``make_rollout``: ``act``
+    (core/policy.py) with one key per env, so env ``i`` samples with ``keys[i]``
+    (``explore``), or every env takes the distribution's mode."""
 
     def policy(params, obs, keys):
-        dist_inputs, _ = networks.apply(params, obs)
-        return sample(dist_inputs, keys), dist_inputs
+        action, dist_inputs, _ = act(
+            networks, distribution, params, obs, keys, explore, per_env_keys=True
+        )
+        return action, dist_inputs
 
     return policy

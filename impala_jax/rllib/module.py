@@ -10,10 +10,13 @@ This one does the same on the newest published params, with numpy in and out; it
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 import gymnasium as gym
 import jax
 import numpy as np
+
+from impala_jax.core.policy import act
 
 DEFAULT_MODULE_ID = "default_policy"  # RLlib's DEFAULT_MODULE_ID
 
@@ -27,7 +30,7 @@ class Module:
         self.distribution = distribution
         self._param_store = param_store
         self._apply = jax.jit(networks.apply)
-        self._sample = jax.jit(distribution.sample)
+        self._act = jax.jit(partial(act, networks, distribution), static_argnames="explore")
 
     @staticmethod
     def _obs(batch: Mapping) -> np.ndarray:
@@ -59,10 +62,9 @@ class Module:
     def compute_actions(self, batch: Mapping, explore: bool = False, seed: int = 0) -> np.ndarray:
         """Actions in the policy's space (Box actions before rescaling to the env's bounds):
         the distribution's mode, or a sample when ``explore``."""
-        dist_inputs = jax.numpy.asarray(self._forward(batch)[0])
-        if explore:
-            return np.asarray(self._sample(jax.random.key(seed), dist_inputs))
-        return np.asarray(self.distribution.mode(dist_inputs))
+        params, _ = self._param_store.get()
+        action, _, _ = self._act(params, self._obs(batch), jax.random.key(seed), explore=explore)
+        return np.asarray(action)
 
     def get_state(self) -> dict:
         """The params as host numpy arrays (RLlib's ``RLModule.get_state()``: the weights)."""

@@ -1,11 +1,13 @@
-"""The policy's ``act`` in NumPy, for small MLP policies whose actors run on a CPU.
+"""The policy's ``act`` in NumPy, for small MLP policies whose actors run on a CPU: a second
+backend of ``core/policy.py``'s contract, beside the jitted one.
 
 On the CPU backend XLA's dot is slower for an actor's small shapes than one thread of NumPy's
 BLAS (benchmarks/README.md, "The NumPy actor"). A runner spends most of its time in ``act``,
-so ``HostActor`` runs
-the same forward pass and the same distributions with NumPy, on a host copy of the params taken
-once per published version. It has the jitted ``act``'s signature (``core/policy.py``),
-``act(params, obs, key) -> (action, dist_inputs, key)``, where the key is a
+so ``HostActor`` runs the same forward pass and the same distributions with NumPy, on a host
+copy of the params taken once per published version. ``HostActor.act(params, obs, rng, explore)`` is
+``core.policy.act``'s contract, and the actor has the jitted actor's signatures
+(``make_act_fns``): ``actor(params, obs, key) -> (action, dist_inputs, key)`` and
+``actor.greedy(params, obs) -> (action, dist_inputs)``, where the key is a
 ``numpy.random.Generator`` (``HostActor.key``) that the call advances; a JAX key
 (``compute_actions``) seeds a Generator for that one call. Actions are the jitted act's dtypes
 (int32, float32); sampling draws from NumPy's PCG64, so a run's actions differ from the jitted
@@ -225,22 +227,32 @@ class HostActor:
         np.subtract(dist_inputs, e, out=e)
         return e.argmax(axis=-1).astype(np.int32)
 
+    def _mode(self, dist_inputs: np.ndarray) -> np.ndarray:
+        if self._gaussian:
+            mean, _ = np.split(dist_inputs, 2, axis=-1)
+            return mean.astype(np.float32)
+        return np.argmax(dist_inputs, axis=-1).astype(np.int32)
+
+    def act(self, params, obs, rng: np.random.Generator | None, explore: bool = True):
+        """``core.policy.act`` for a feedforward policy, in NumPy: ``(action, dist_inputs,
+        None)``, a sample drawn from ``rng`` (``explore``) or the distribution's mode."""
+        dist_inputs = self.dist_inputs(params, obs)
+        action = self._sample(rng, dist_inputs) if explore else self._mode(dist_inputs)
+        return action, dist_inputs, None
+
     def __call__(self, params, obs, key):
         """(action, dist_inputs, key): a sampled action per row; ``key`` advanced."""
         _yield_gil()
         if not isinstance(key, np.random.Generator):  # a JAX key (compute_actions)
             key = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
-        dist_inputs = self.dist_inputs(params, obs)
-        return self._sample(key, dist_inputs), dist_inputs, key
+        action, dist_inputs, _ = self.act(params, obs, key)
+        return action, dist_inputs, key
 
     def greedy(self, params, obs):
         """(mode action, dist_inputs): ``explore=False``."""
         _yield_gil()
-        dist_inputs = self.dist_inputs(params, obs)
-        if self._gaussian:
-            mean, _ = np.split(dist_inputs, 2, axis=-1)
-            return mean.astype(np.float32), dist_inputs
-        return np.argmax(dist_inputs, axis=-1).astype(np.int32), dist_inputs
+        action, dist_inputs, _ = self.act(params, obs, None, explore=False)
+        return action, dist_inputs
 
 
 # One BLAS thread while any algorithm acts with NumPy: with more, BLAS's threads spin beside
