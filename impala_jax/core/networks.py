@@ -421,26 +421,26 @@ class NetworkParts(NamedTuple):
 
 
 def parts(
-    config: Mapping[str, Any], observation_space: gym.Space, action_space: gym.Space
+    model_config: Mapping[str, Any], observation_space: gym.Space, action_space: gym.Space
 ) -> NetworkParts:
     """The encoder(s) and heads of a full model config (every DefaultModelConfig key set)."""
-    fusion = {k: v for k, v in config.items() if k.startswith("fusionnet_")}
+    fusion = {k: v for k, v in model_config.items() if k.startswith("fusionnet_")}
     if any(v != DEFAULT_MODEL_CONFIG[k] for k, v in fusion.items()):
         raise ValueError(
             f"model_config {fusion}: the fusionnet_* keys configure RLlib's network that fuses "
             "the encoders of multi-part observations, which impala_jax does not have (Box and "
             "Discrete observations only); leave them at their defaults."
         )
-    encoder_name = resolve_encoder(config["encoder"], observation_space)
+    encoder_name = resolve_encoder(model_config["encoder"], observation_space)
     num_outputs, gaussian = _action_layout(action_space)
-    head_activation = _activation(config["head_fcnet_activation"], "head_fcnet_activation")
-    head_hiddens = tuple(config["head_fcnet_hiddens"])
-    free_log_std = bool(config["free_log_std"]) and gaussian
-    log_std_clip = config["log_std_clip_param"]
+    head_activation = _activation(model_config["head_fcnet_activation"], "head_fcnet_activation")
+    head_hiddens = tuple(model_config["head_fcnet_hiddens"])
+    free_log_std = bool(model_config["free_log_std"]) and gaussian
+    log_std_clip = model_config["log_std_clip_param"]
     log_std_clip = None if log_std_clip is None else float(log_std_clip)
-    shared = bool(config["vf_share_layers"])
-    head_layernorm = bool(config["head_fcnet_use_layernorm"])
-    head_inits = part_inits(config, "head_fcnet", head=True)
+    shared = bool(model_config["vf_share_layers"])
+    head_layernorm = bool(model_config["head_fcnet_use_layernorm"])
+    head_inits = part_inits(model_config, "head_fcnet", head=True)
     pi_head = PolicyHead(
         head_hiddens,
         head_activation,
@@ -453,8 +453,8 @@ def parts(
     )
     return NetworkParts(
         preprocess=_make_preprocess(observation_space, flatten=encoder_name == "mlp"),
-        encoder=_make_encoder(encoder_name, config),
-        vf_encoder=None if shared else _make_encoder(encoder_name, config),
+        encoder=_make_encoder(encoder_name, model_config),
+        vf_encoder=None if shared else _make_encoder(encoder_name, model_config),
         pi_head=pi_head,
         vf_head=ValueHead(head_hiddens, head_activation, head_layernorm, head_inits),
         dist_size=2 * num_outputs if gaussian else num_outputs,
