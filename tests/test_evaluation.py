@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from impala_jax.rllib import specs
 from impala_jax.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, split_duration
 from tests.test_algorithm import small_config
 
@@ -78,7 +79,8 @@ def evaluator(algo, env_config=None, num_envs=4, **evaluation):
     if env_config is not None:
         config.environment(env_config=env_config)
     config.validate()
-    return Evaluator(config.freeze(), algo._act, algo._act_greedy, algo.param_store, seed=1)
+    spec = specs.evaluation_spec(config.freeze())
+    return Evaluator(spec, algo._act, algo._act_greedy, algo.param_store, seed=1)
 
 
 @pytest.mark.timeout(120)

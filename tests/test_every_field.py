@@ -530,7 +530,8 @@ def test_value_changes_the_evaluation(observed, name, row):
     config = algo.config.copy(copy_frozen=False)
     _set(config, dict(row.also, **{name: row.value}))
     config.validate()
-    evaluator = Evaluator(config.freeze(), algo._act, algo._act_greedy, algo.param_store, seed=1)
+    spec = specs.evaluation_spec(config.freeze())
+    evaluator = Evaluator(spec, algo._act, algo._act_greedy, algo.param_store, seed=1)
     try:
         result = evaluator.evaluate(algo)
         assert row.check(result, evaluator), f"{name}={row.value!r}: {result}"

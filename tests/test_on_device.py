@@ -10,6 +10,7 @@ import pytest
 
 from impala_jax import IMPALAConfig
 from impala_jax.core.rollout import make_rollout, reset_envs
+from impala_jax.rllib import specs
 from impala_jax.runtime.env_runner import EnvRunner, ParamStore
 from impala_jax.runtime.jax_envs import make_jax_env
 
@@ -69,7 +70,12 @@ def test_host_and_device_rollouts_give_identical_trajectories():
         return (obs[:, 1] > 0).astype(jnp.int32), obs[:, :2]
 
     runner = EnvRunner(
-        config, 0, host_act, host_act, ParamStore(params, jax.devices()[0]), seed=seed
+        specs.runner_spec(config),
+        0,
+        host_act,
+        host_act,
+        ParamStore(params, jax.devices()[0]),
+        seed=seed,
     )
     env = make_jax_env(ENV)
     rollout = jax.jit(make_rollout(env, device_policy, lambda a: a, T))

@@ -78,7 +78,7 @@ class IMPALA(TrainingLoop, Checkpointable):
         self._holds_blas = False  # host_actor.hold_one_blas_thread, released by stop()
         # RLlib's algo.callbacks (the callbacks_class instances) and algo.metrics, the logger of
         # the algorithm-level hooks (its values: top-level keys of the next result).
-        self._callbacks = Callbacks.from_config(config)
+        self._callbacks = Callbacks.from_spec(specs.callbacks_spec(config))
         self.callbacks = self._callbacks.objects
         self.metrics = MetricsLogger()
         _LIVE.add(self)
@@ -129,7 +129,9 @@ class IMPALA(TrainingLoop, Checkpointable):
         probe.close()
         self.observation_space, self.action_space = obs_space, act_space
         factory = getattr(config.get_default_rl_module_spec(), "factory", None)
-        policy = acting.make_policy(config, obs_space, act_space, actor_device, factory)
+        policy = acting.make_policy(
+            specs.policy_spec(config), obs_space, act_space, actor_device, factory
+        )
         self.policy = policy
         self.networks, self.distribution = policy.networks, policy.distribution
         self.recurrent = policy.recurrent
@@ -187,7 +189,9 @@ class IMPALA(TrainingLoop, Checkpointable):
             engine = DeviceEngine(spec, env, self.policy, self.learner, actor_device, [seed])
         else:
             self.env_runner_group = EnvRunnerGroup(
-                config,
+                specs.runner_spec(config),
+                specs.loader_spec(config),
+                specs.fault_tolerance_spec(config),
                 self._act,
                 self._act_greedy,
                 self.learner.state.params,
@@ -202,7 +206,9 @@ class IMPALA(TrainingLoop, Checkpointable):
             engine = host_engine(spec, self.env_runner_group, self.learner)
         self.engine = engine
         self.param_store = engine.param_store
-        self._evaluator = Evaluator(config, self._act, self._act_greedy, engine.param_store, seed)
+        self._evaluator = Evaluator(
+            specs.evaluation_spec(config), self._act, self._act_greedy, engine.param_store, seed
+        )
         self._actions = Actions(self.policy, engine.param_store, self._adapter, actor_key)
 
     def train(self) -> dict:

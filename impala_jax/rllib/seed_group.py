@@ -45,7 +45,7 @@ class SeedGroup(TrainingLoop):
         devices, local = parallel.learner_devices(config.num_learners)
         factory = getattr(config.get_default_rl_module_spec(), "factory", None)
         spaces = (env.observation_space, env.action_space)
-        policy = acting.make_policy(config, *spaces, local[0], factory)
+        policy = acting.make_policy(specs.policy_spec(config), *spaces, local[0], factory)
         step = specs.step_spec(config, len(devices))
         keys = [run_keys(s)[0] for s in seeds]  # each seed's learner key, as IMPALA's
         optimizer, loss = specs.optimizer_spec(config), specs.loss_spec(config)

@@ -1,5 +1,8 @@
-"""The frozen config -> the static specs the compiled learner step closes over, and the batch
-layout (`batch_layout`) that the config's checks and derived sizes read too."""
+"""The frozen config -> the specs the layers below take instead of it: the static specs the
+compiled learner step closes over, the specs of the runners, their fault tolerance, the
+evaluation, the policy and the callbacks, and the batch layout (`batch_layout`) that the
+config's checks and derived sizes read too. runtime/ and core/ never read the config object
+(tests/test_layers.py); every read of it is here."""
 
 from __future__ import annotations
 
@@ -9,8 +12,15 @@ import math
 from impala_jax.core.losses import LossSpec
 from impala_jax.core.optim import OptimizerSpec
 from impala_jax.core.update import StepSpec
+from impala_jax.runtime.acting import PolicySpec
+from impala_jax.runtime.buffers import LoaderSpec
+from impala_jax.runtime.callbacks import CALLBACK_KEYWORDS, CallbacksSpec
 from impala_jax.runtime.engine import DeviceSpec, HostEngineSpec
+from impala_jax.runtime.env_runner import RunnerSpec
+from impala_jax.runtime.env_runner_group import FaultToleranceSpec
+from impala_jax.runtime.evaluation import EvaluationSpec
 from impala_jax.runtime.parallel import learner_device_count
+from impala_jax.runtime.vec_env import EnvSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,4 +141,70 @@ def host_engine_spec(config, step: StepSpec, num_devices: int) -> HostEngineSpec
         fake_sampler=bool(config.fake_sampler),
         sample_only=bool(config._env_runners_only or config._skip_learners),
         env_steps_trained_per_update=trained_columns * config.get_rollout_fragment_length(),
+    )
+
+
+def _by_name(spec_class, config, **derived):
+    """``spec_class`` with each field from the config field of its name, but for ``derived``."""
+    fields = {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(spec_class)
+        if f.name not in derived
+    }
+    return spec_class(**fields, **derived)
+
+
+def policy_spec(config) -> PolicySpec:
+    return _by_name(PolicySpec, config)
+
+
+def callbacks_spec(config, env_runner_config=None) -> CallbacksSpec:
+    """The callbacks of ``config``; its episode callbacks see ``env_runner_config`` (default:
+    ``config``) as ``env_runner.config``."""
+    return CallbacksSpec(
+        callbacks_class=config.callbacks_class,
+        hooks={hook: getattr(config, hook) for hook in CALLBACK_KEYWORDS},
+        env_runner_config=config if env_runner_config is None else env_runner_config,
+    )
+
+
+def runner_spec(config) -> RunnerSpec:
+    return _by_name(
+        RunnerSpec,
+        config,
+        env=_by_name(EnvSpec, config, num_workers=config.num_env_runners),
+        rollout_fragment_length=config.get_rollout_fragment_length(),
+        callbacks=callbacks_spec(config),
+    )
+
+
+def loader_spec(config) -> LoaderSpec:
+    return _by_name(LoaderSpec, config)
+
+
+def fault_tolerance_spec(config) -> FaultToleranceSpec:
+    return _by_name(FaultToleranceSpec, config)
+
+
+def evaluation_config(config):
+    """The config evaluation runs with: ``evaluation_config``'s overrides applied, and
+    ``explore=False`` unless they set it (RLlib's evaluation acts greedily by default)."""
+    eval_config = config.copy(copy_frozen=False)
+    overrides = dict(config.evaluation_config or {})
+    overrides.setdefault("explore", False)
+    eval_config.update_from_dict(overrides)
+    return eval_config.freeze()
+
+
+def evaluation_spec(config) -> EvaluationSpec:
+    """How and how long to evaluate from ``config``; the envs, ``explore`` and the callbacks
+    from its evaluation config. Episode callbacks see the training config as
+    ``env_runner.config``, as they always have."""
+    eval_config = evaluation_config(config)
+    return _by_name(
+        EvaluationSpec,
+        config,
+        env=_by_name(EnvSpec, eval_config, num_workers=eval_config.evaluation_num_env_runners),
+        explore=eval_config.explore,
+        callbacks=callbacks_spec(eval_config, env_runner_config=config),
     )

@@ -8,13 +8,13 @@ The networks come from the network factory (``rl_module_spec``'s ``factory``, Br
 ``factory(model_config, observation_space, action_space) -> Networks``, or its import path
 ``"pkg.mod:fn"``. Three actors can run them: the jitted JAX act, the NumPy host actor
 (host_actor.py, which mirrors impala_jax's own MLP only) and the recurrent actor of an LSTM
-policy. This module reads the frozen config by duck type.
+policy. ``PolicySpec`` holds what this takes from the config (rllib/specs.py builds it).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -45,16 +45,27 @@ def make_policy_networks(factory: Any, model_config, observation_space, action_s
     return make_networks(model_config, observation_space, action_space)
 
 
-def use_host_actor(config, actor_device, observation_space, distribution, custom: bool) -> bool:
+@dataclasses.dataclass(frozen=True)
+class PolicySpec:
+    """The config fields the policy and the choice of its actor depend on, by their names."""
+
+    model_config: Mapping[str, Any]  # a full one: every DefaultModelConfig key set
+    inference_backend: str  # "auto", "jax" or "numpy"
+    num_envs_per_env_runner: int  # the rows each act call takes
+
+
+def use_host_actor(
+    spec: PolicySpec, actor_device, observation_space, distribution, custom: bool
+) -> bool:
     """Whether the runners act with NumPy (host_actor.py): ``inference_backend``. A custom
     network factory's networks always run as the jitted act."""
-    backend = config.inference_backend
+    backend = spec.inference_backend
     if backend == "jax":
         return False
     if custom:
         reason = "the networks come from a custom network factory (rl_module_spec)"
     else:
-        reason = host_actor_unsupported(config.model_config, observation_space, distribution)
+        reason = host_actor_unsupported(spec.model_config, observation_space, distribution)
     if backend == "numpy" and reason is not None:
         raise ValueError(
             f"inference_backend='numpy': the NumPy actor cannot run this policy: {reason}. "
@@ -67,8 +78,8 @@ def use_host_actor(config, actor_device, observation_space, distribution, custom
         return True
     # "auto": NumPy on a CPU actor device for a small policy; an accelerator, or a policy
     # whose dots are large enough for XLA's threads to pay, keeps the jitted act.
-    envs = config.num_envs_per_env_runner
-    macs = act_macs(config.model_config, observation_space, distribution.param_size, envs)
+    envs = spec.num_envs_per_env_runner
+    macs = act_macs(spec.model_config, observation_space, distribution.param_size, envs)
     return actor_device.platform == "cpu" and macs <= AUTO_MAX_MACS
 
 
@@ -139,14 +150,16 @@ class Policy:
         )
 
 
-def make_policy(config, observation_space, action_space, actor_device, factory=None) -> Policy:
-    """The networks ``factory`` builds for ``config.model_config`` and the spaces, and the actor
+def make_policy(
+    spec: PolicySpec, observation_space, action_space, actor_device, factory=None
+) -> Policy:
+    """The networks ``factory`` builds for ``spec.model_config`` and the spaces, and the actor
     that runs them on ``actor_device`` (``inference_backend``: jitted JAX or NumPy)."""
-    model_config = config.model_config
+    model_config = spec.model_config
     distribution = make_distribution(action_space, model_config)
     factory = resolve_factory(factory)
     custom = factory is not None
-    host = use_host_actor(config, actor_device, observation_space, distribution, custom)
+    host = use_host_actor(spec, actor_device, observation_space, distribution, custom)
     networks = make_policy_networks(factory, model_config, observation_space, action_space)
     recurrent = bool(model_config["use_lstm"])
     if recurrent:

@@ -7,6 +7,7 @@ costs no host-device traffic.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 from collections.abc import Callable
@@ -79,6 +80,19 @@ class FragmentDoor:
 
 class LearnerQueueTimeout(RuntimeError):
     pass
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderSpec:
+    """How runner threads' fragments reach the learner (LearnerQueue, Loader); each field named
+    as the config field it comes from (rllib/specs.py builds it)."""
+
+    learner_queue_size: int
+    learner_queue_timeout: float  # seconds the learner waits for a batch before it raises
+    num_gpu_loader_threads: int
+    num_multi_gpu_tower_stacks: int
+    num_aggregator_actors_per_learner: int
+    max_requests_in_flight_per_aggregator_actor: int
 
 
 class LearnerQueue:

@@ -24,6 +24,7 @@ at build (`UNSUPPORTED_HOOKS` says why for each). This module imports neither ra
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -200,6 +201,17 @@ def _as_list(value: Any) -> list:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
+@dataclasses.dataclass(frozen=True)
+class CallbacksSpec:
+    """The ``callbacks()`` fields, as rllib/specs.py reads them off the config."""
+
+    callbacks_class: Any  # a class, its import path, or a list of them; None: none
+    hooks: dict[str, Any]  # every CALLBACK_KEYWORDS field -> its callable(s) or None
+    # What episode callbacks get as ``env_runner.config`` (RLlib's EnvRunner.config): handed to
+    # user code as it is, never read here.
+    env_runner_config: Any
+
+
 class Callbacks:
     """The receivers of every hook for one component (the algorithm, or one env runner)."""
 
@@ -208,10 +220,10 @@ class Callbacks:
         self._receivers = receivers
 
     @classmethod
-    def from_config(cls, config) -> Callbacks:
+    def from_spec(cls, spec: CallbacksSpec) -> Callbacks:
         """Resolves import paths, checks every hook is one impala_jax calls, instantiates the
         callbacks classes. Raises ValueError naming the field, the hook and the fix."""
-        classes = [resolve(c, "callbacks_class") for c in _as_list(config.callbacks_class)]
+        classes = [resolve(c, "callbacks_class") for c in _as_list(spec.callbacks_class)]
         for klass in classes:
             if not isinstance(klass, type):
                 raise ValueError(
@@ -227,7 +239,7 @@ class Callbacks:
                     f"{', '.join(SUPPORTED_HOOKS)}."
                 )
         for hook in UNSUPPORTED_HOOKS:
-            if getattr(config, hook, None) is not None:
+            if spec.hooks.get(hook) is not None:
                 raise ValueError(
                     f"callbacks({hook}=...): {UNSUPPORTED_HOOKS[hook]}. Use one of "
                     f"{', '.join(SUPPORTED_HOOKS)}."
@@ -236,7 +248,7 @@ class Callbacks:
         receivers: dict[str, list[Callable]] = {}
         for hook in SUPPORTED_HOOKS:
             fns = [getattr(o, hook) for o in objects if overrides(type(o), hook)]
-            for fn in _as_list(getattr(config, hook)):
+            for fn in _as_list(spec.hooks[hook]):
                 fn = resolve(fn, hook)
                 if not callable(fn):
                     raise ValueError(
@@ -378,8 +390,8 @@ class EpisodeCallbacks:
         self._detached = False
 
     @classmethod
-    def make(cls, config, env_runner, metrics_logger) -> EpisodeCallbacks | None:
-        callbacks = Callbacks.from_config(config)
+    def make(cls, spec: CallbacksSpec, env_runner, metrics_logger) -> EpisodeCallbacks | None:
+        callbacks = Callbacks.from_spec(spec)
         if not any(callbacks.has(h) for h in EPISODE_HOOKS):
             return None
         return cls(callbacks, env_runner, metrics_logger)

@@ -13,6 +13,7 @@ array writes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -29,11 +30,17 @@ import numpy as np
 from impala_jax.core.policy import initial_carry
 from impala_jax.core.types import Trajectory
 from impala_jax.runtime.buffers import MAX_DROPPED_IN_A_ROW, FragmentDoor
-from impala_jax.runtime.callbacks import EpisodeCallbacks, UserCodeError
+from impala_jax.runtime.callbacks import CallbacksSpec, EpisodeCallbacks, UserCodeError
 from impala_jax.runtime.host_actor import HostActor, no_gil_yield
 from impala_jax.runtime.metrics import Timers
 from impala_jax.runtime.metrics_logger import MetricsLogger
-from impala_jax.runtime.vec_env import ActionAdapter, EnvpoolVecEnv, VecEnv, make_vec_env
+from impala_jax.runtime.vec_env import (
+    ActionAdapter,
+    EnvpoolVecEnv,
+    EnvSpec,
+    VecEnv,
+    make_runner_envs,
+)
 
 
 def actor_key(seed: int, params, act=None):
@@ -252,40 +259,52 @@ class EpisodeLog:
         return out
 
 
+@dataclasses.dataclass(frozen=True)
+class RunnerSpec:
+    """What an EnvRunner and its group take from the config (rllib/specs.py builds it)."""
+
+    env: EnvSpec
+    rollout_fragment_length: int  # T, resolved (get_rollout_fragment_length())
+    num_env_runners: int  # runner threads; 0: one runner, in lockstep in the caller's thread
+    explore: bool
+    disable_env_checking: bool
+    callbacks: CallbacksSpec
+
+
 class EnvRunner:
     """Steps its envs with the newest params and produces Trajectory fragments."""
 
     def __init__(
         self,
-        config,
+        spec: RunnerSpec,
         index: int,
         act: Callable,
         act_greedy: Callable,
         param_store: ParamStore,
         seed: int,
-        explore: bool = True,
         num_envs: int | None = None,
         metrics_logger: MetricsLogger | None = None,
     ):
         self.index = index
-        self.T = config.get_rollout_fragment_length()
-        self.explore = explore
+        self.spec = spec
+        self.T = spec.rollout_fragment_length
+        self.explore = spec.explore
         self._act, self._act_greedy = act, act_greedy
         self.param_store = param_store
         self.timers = Timers()
         self.episodes = EpisodeLog()
         # RLlib's EnvRunner.config / .metrics, which episode callbacks read and log to.
-        self.config = config
+        self.config = spec.callbacks.env_runner_config
         self.metrics = metrics_logger if metrics_logger is not None else MetricsLogger()
         # on_episode_start/_end; None without them, so stepping pays one `is None` per step.
-        self.episode_callbacks = EpisodeCallbacks.make(config, self, self.metrics)
+        self.episode_callbacks = EpisodeCallbacks.make(spec.callbacks, self, self.metrics)
         self.env_steps = 0
         self._seed = seed
-        self._check = not config.disable_env_checking
+        self._check = not spec.disable_env_checking
         self.num_env_restarts = 0
         self.num_dropped_episodes = 0
         self.heartbeat = time.monotonic()
-        num_envs = num_envs or config.num_envs_per_env_runner
+        num_envs = num_envs or spec.env.num_envs_per_env_runner
         self._sizes = self.group_sizes(num_envs)
         # Fragments with a non-finite value stop here, counted per env (disable_env_checking:
         # they pass, and the learner's gradient guard is the last line).
@@ -296,7 +315,7 @@ class EnvRunner:
         # still computing newly published ones; in a runner thread (not lockstep, which must
         # repeat exactly) it acts with computed ones at most MAX_ACTING_LAG behind (_params).
         self._acting: tuple[Any, int] | None = None
-        self._waits_for_params = isinstance(act, HostActor) and config.num_env_runners > 0
+        self._waits_for_params = isinstance(act, HostActor) and spec.num_env_runners > 0
         # A RecurrentActor (core/policy.py) when the policy is recurrent: rows carry its state.
         self._recurrent = act if hasattr(act, "initial_state") else None
         self._make_envs(seed)
@@ -317,25 +336,18 @@ class EnvRunner:
         return [num_envs]
 
     def _make_envs(self, seed: int) -> None:
-        config = self.config
+        spec = self.spec
         self.steps_since_rebuild = 0  # env steps (send/recv rounds) since the envs were built
         offset = 0
         for size in self._sizes:
             # envpool seeds env i with seed + i: space the seeds so no two envs share one.
-            env = make_vec_env(
-                config.env,
+            env, adapter = make_runner_envs(
+                spec.env,
                 size,
                 seed + offset,
-                config.env_config,
-                config.gym_env_vectorize_mode,
-                num_cpus=config.num_cpus_per_env_runner,
                 # A creator's EnvContext, numbered as RLlib does: 0 is the main thread.
-                worker_index=self.index + 1 if config.num_env_runners and self.index >= 0 else 0,
-                num_workers=config.num_env_runners,
+                worker_index=self.index + 1 if spec.num_env_runners and self.index >= 0 else 0,
                 first_vector_index=offset,
-            )
-            adapter = ActionAdapter(
-                env.action_space, config.normalize_actions, config.clip_actions, env.name
             )
             check = functools.partial(check_env_output, runner=self.index)
             self.groups.append(EnvGroup(env, adapter, self._act, self._act_greedy, check))

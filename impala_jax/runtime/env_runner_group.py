@@ -12,6 +12,7 @@ EnvRunnerGroup plays the same part across Ray actors.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import gc
 import logging
@@ -23,7 +24,14 @@ import jax
 import numpy as np
 
 from impala_jax.core.policy import initial_carry
-from impala_jax.runtime.buffers import Batcher, LearnerQueue, LearnerQueueTimeout, Loader, stack
+from impala_jax.runtime.buffers import (
+    Batcher,
+    LearnerQueue,
+    LearnerQueueTimeout,
+    Loader,
+    LoaderSpec,
+    stack,
+)
 from impala_jax.runtime.callbacks import UserCodeError
 from impala_jax.runtime.env_runner import (
     IDENTICAL_FAILURES_TO_STOP,
@@ -31,6 +39,7 @@ from impala_jax.runtime.env_runner import (
     EnvRunner,
     ParamStore,
     RepeatTracker,
+    RunnerSpec,
     RunnerThread,
     actor_key,
     failure_signature,
@@ -74,6 +83,21 @@ def _hopeless(count: int) -> str:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class FaultToleranceSpec:
+    """What the group does with a failed or hung runner: ``fault_tolerance()`` and
+    ``env_runners(sample_timeout_s)``, each field named as the config field it comes from
+    (rllib/specs.py builds it)."""
+
+    restart_failed_env_runners: bool
+    ignore_env_runner_failures: bool
+    max_num_env_runner_restarts: int
+    delay_between_env_runner_restarts_s: float
+    num_consecutive_env_runner_failures_tolerance: int
+    restart_failed_sub_environments: bool  # rebuild a runner's envs in place first
+    sample_timeout_s: float  # a runner that produces nothing this long is hung
+
+
 class EnvRunnerFailure(RuntimeError):
     """A runner failed and ``fault_tolerance()`` does not recover it; the group has stopped."""
 
@@ -82,13 +106,17 @@ class EnvRunnerGroup:
     """Starts, watches, restarts and retires the runners; hands out train batches.
 
     ``act`` / ``act_greedy`` are the compiled policy and ``params`` the learner's first params,
-    which the group's ParamStore keeps on ``actor_device``. Construction compiles ``act``; envs
-    and threads start in ``start()``, so the caller can compile the learner in between.
+    which the group's ParamStore keeps on ``actor_device``. ``spec`` says how runners are made,
+    ``loader`` how their fragments reach the learner, ``fault_tolerance`` what a failure does.
+    Construction compiles ``act``; envs and threads start in ``start()``, so the caller can
+    compile the learner in between.
     """
 
     def __init__(
         self,
-        config,
+        spec: RunnerSpec,
+        loader: LoaderSpec,
+        fault_tolerance: FaultToleranceSpec,
         act: Callable,
         act_greedy: Callable,
         params,
@@ -98,7 +126,9 @@ class EnvRunnerGroup:
         batch_columns: int,
         action_space=None,
     ):
-        self.config = config
+        self.spec = spec
+        self._loader_spec = loader
+        self._fault_spec = fault_tolerance
         self._action_space = action_space
         self._act, self._act_greedy = act, act_greedy
         self._seed = seed
@@ -139,7 +169,7 @@ class EnvRunnerGroup:
         """Compiles ``act`` for the runners' batch shapes before any runner thread starts, so
         compilation never counts against ``sample_timeout_s``."""
         params, _ = self.param_store.get()
-        size = EnvRunner.group_sizes(self.config.num_envs_per_env_runner)[0]
+        size = EnvRunner.group_sizes(self.spec.env.num_envs_per_env_runner)[0]
         obs = np.zeros((size, *observation_space.shape), observation_space.dtype)
         if hasattr(self._act, "initial_state"):  # a RecurrentActor: rows carry its state
             carry = initial_carry(self._act, size, self._action_space)
@@ -156,40 +186,39 @@ class EnvRunnerGroup:
         between build and the first ``train()`` then reaches every fragment and episode.
         ``to_device`` places one host batch on the learner devices.
         """
-        cfg = self.config
+        spec, loader = self.spec, self._loader_spec
         self._to_device = to_device
-        if cfg.num_env_runners == 0:
+        if spec.num_env_runners == 0:
             self.runners.append(self._make_runner(0, self._seed))
             return
-        self._queue = LearnerQueue(cfg.learner_queue_size)
-        for i in range(cfg.num_env_runners):
+        self._queue = LearnerQueue(loader.learner_queue_size)
+        for i in range(spec.num_env_runners):
             # envpool seeds env i with seed + i: runners are spaced by their env count.
-            self._start_runner(i, self._seed + i * cfg.num_envs_per_env_runner, launch=False)
+            self._start_runner(i, self._seed + i * spec.env.num_envs_per_env_runner, launch=False)
         self._loader = Loader(
             self._queue,
             self.batcher,
             to_device,
-            num_threads=cfg.num_gpu_loader_threads,
-            num_slots=cfg.num_multi_gpu_tower_stacks,
+            num_threads=loader.num_gpu_loader_threads,
+            num_slots=loader.num_multi_gpu_tower_stacks,
             stop=self._stop,
-            num_aggregators=cfg.num_aggregator_actors_per_learner,
-            aggregator_queue_size=cfg.max_requests_in_flight_per_aggregator_actor,
+            num_aggregators=loader.num_aggregator_actors_per_learner,
+            aggregator_queue_size=loader.max_requests_in_flight_per_aggregator_actor,
         )
 
     def _make_runner(self, index: int, seed: int) -> EnvRunner:
         return EnvRunner(
-            self.config,
+            self.spec,
             index,
             self._act,
             self._act_greedy,
             self.param_store,
             seed=seed,
-            explore=self.config.explore,
             metrics_logger=self.metrics,
         )
 
     def _start_runner(self, index: int, seed: int, launch: bool = True) -> None:
-        cfg = self.config
+        ft = self._fault_spec
         runner = self._make_runner(index, seed)
         runner.heartbeat = time.monotonic()
         # The thread holds no reference to the group or the algorithm: `del algo` must reach
@@ -197,8 +226,8 @@ class EnvRunnerGroup:
         thread = RunnerThread(
             runner,
             self._queue.put,
-            restart_envs=cfg.restart_failed_sub_environments,
-            tolerance=cfg.num_consecutive_env_runner_failures_tolerance,
+            restart_envs=ft.restart_failed_sub_environments,
+            tolerance=ft.num_consecutive_env_runner_failures_tolerance,
         )
         self.runners.append(runner)
         self._threads[index] = thread
@@ -235,7 +264,7 @@ class EnvRunnerGroup:
                 return self._to_device(host), host.param_version
         if not self._launched:
             self._launch()
-        timeout = self.config.learner_queue_timeout
+        timeout = self._loader_spec.learner_queue_timeout
         waited = 0.0
         with self.timers.time("learner_wait"):
             while True:
@@ -274,7 +303,7 @@ class EnvRunnerGroup:
             lines.append(
                 f"  EnvRunner {index} failed at {when} with {error}; its restart is due in "
                 f"{max(0.0, due - now):.0f} s (restart {self.num_restarts + 1} of at most "
-                f"{self.config.max_num_env_runner_restarts})"
+                f"{self._fault_spec.max_num_env_runner_restarts})"
             )
         last = self._last_failure
         if last is not None and last.error_traceback:
@@ -303,9 +332,9 @@ class EnvRunnerGroup:
 
     def sample(self) -> list:
         """One lockstep fragment per env group; env failures restart the envs if configured."""
-        cfg = self.config
+        ft = self._fault_spec
         runner = self.runners[0]
-        tolerance = cfg.num_consecutive_env_runner_failures_tolerance
+        tolerance = ft.num_consecutive_env_runner_failures_tolerance
         repeats = RepeatTracker()
         for attempt in range(tolerance + 1):
             try:
@@ -314,7 +343,7 @@ class EnvRunnerGroup:
                 raise
             except Exception as err:
                 same = repeats.add(failure_signature(err, runner))
-                if not cfg.restart_failed_sub_environments or attempt == tolerance:
+                if not ft.restart_failed_sub_environments or attempt == tolerance:
                     raise
                 if same >= IDENTICAL_FAILURES_TO_STOP:
                     self.stop()
@@ -331,7 +360,7 @@ class EnvRunnerGroup:
 
     def check_health(self) -> None:
         """Failed or hung runners: restart, ignore or raise, as ``fault_tolerance`` says."""
-        cfg = self.config
+        ft, spec = self._fault_spec, self.spec
         now = time.monotonic()
         if any(not t.is_alive() for t in self._exiting):
             self._exiting = [t for t in self._exiting if t.is_alive()]
@@ -342,14 +371,14 @@ class EnvRunnerGroup:
                 thread.error is None
                 and thread.is_alive()
                 and not thread.waiting_on_queue
-                and now - thread.runner.heartbeat > cfg.sample_timeout_s
+                and now - thread.runner.heartbeat > ft.sample_timeout_s
             )
             if thread.error is None and not hung:
                 continue
             if hung:
                 thread.error = TimeoutError(
-                    f"EnvRunner {index} produced nothing for {cfg.sample_timeout_s:g} s "
-                    f"(env_runners(sample_timeout_s={cfg.sample_timeout_s:g})): marked unhealthy, "
+                    f"EnvRunner {index} produced nothing for {ft.sample_timeout_s:g} s "
+                    f"(env_runners(sample_timeout_s={ft.sample_timeout_s:g})): marked unhealthy, "
                     "its late data is dropped."
                 )
                 thread.error_traceback = repr(thread.error)
@@ -365,7 +394,7 @@ class EnvRunnerGroup:
             fatal = isinstance(thread.error, EnvOutputError | UserCodeError)
             same = self._count_repeats(index, thread)
             hopeless = same >= IDENTICAL_FAILURES_TO_STOP
-            if hopeless and not cfg.ignore_env_runner_failures:
+            if hopeless and not ft.ignore_env_runner_failures:
                 self._raise_failure(thread, _hopeless(same))
             if hopeless:
                 logger.warning(
@@ -375,30 +404,29 @@ class EnvRunnerGroup:
                 )
             elif (
                 not fatal
-                and cfg.restart_failed_env_runners
+                and ft.restart_failed_env_runners
                 and (
-                    self.num_restarts + len(self._pending_restarts)
-                    < cfg.max_num_env_runner_restarts
+                    self.num_restarts + len(self._pending_restarts) < ft.max_num_env_runner_restarts
                 )
             ):
-                self._pending_restarts[index] = now + cfg.delay_between_env_runner_restarts_s
-            elif fatal or not cfg.ignore_env_runner_failures:
+                self._pending_restarts[index] = now + ft.delay_between_env_runner_restarts_s
+            elif fatal or not ft.ignore_env_runner_failures:
                 self._raise_failure(thread, "and fault_tolerance() does not recover it")
-            if self._consecutive_failures > cfg.num_consecutive_env_runner_failures_tolerance:
+            if self._consecutive_failures > ft.num_consecutive_env_runner_failures_tolerance:
                 self._raise_failure(
                     thread,
                     f"after {self._consecutive_failures} consecutive failures "
                     "(fault_tolerance(num_consecutive_env_runner_failures_tolerance="
-                    f"{cfg.num_consecutive_env_runner_failures_tolerance}))",
+                    f"{ft.num_consecutive_env_runner_failures_tolerance}))",
                 )
         for index, due in list(self._pending_restarts.items()):
             if now >= due:
                 del self._pending_restarts[index]
                 self.num_restarts += 1
                 # A fresh seed block per restart, after every first-generation runner's block.
-                n = cfg.num_envs_per_env_runner
+                n = spec.env.num_envs_per_env_runner
                 self._start_runner(
-                    index, self._seed + (cfg.num_env_runners + self.num_restarts) * n
+                    index, self._seed + (spec.num_env_runners + self.num_restarts) * n
                 )
         if not self._threads and not self._pending_restarts:
             self._raise_failure(self._last_failure, "and no healthy EnvRunner is left")

@@ -25,17 +25,18 @@ evaluation thread. RLlib 2.60's semantics (``Algorithm._evaluate_with_fixed_dura
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from impala_jax.runtime.callbacks import EpisodeCallbacks, UserCodeError, describe
+from impala_jax.runtime.callbacks import CallbacksSpec, EpisodeCallbacks, UserCodeError, describe
 from impala_jax.runtime.env_runner import EnvGroup, EpisodeLog, ParamStore, actor_key
 from impala_jax.runtime.metrics import EpisodeStats
 from impala_jax.runtime.metrics_logger import MetricsLogger, deep_merge
-from impala_jax.runtime.vec_env import ActionAdapter, make_vec_env
+from impala_jax.runtime.vec_env import EnvSpec, make_runner_envs
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,23 @@ def split_duration(duration: int, num_groups: int) -> list[int]:
     """RLlib's split of an evaluation over its runners: ``d // n`` each, plus one for the
     first ``d % n``."""
     return [duration // num_groups + (i < duration % num_groups) for i in range(num_groups)]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationSpec:
+    """The ``evaluation()`` fields, each named as the config field it comes from, and what the
+    evaluation config (the config with ``evaluation_config`` applied) decides: its envs, its
+    ``explore`` and its callbacks. rllib/specs.py resolves that config and builds this."""
+
+    env: EnvSpec  # the evaluation config's; num_workers: its evaluation_num_env_runners
+    explore: bool  # the evaluation config's: False unless evaluation_config sets it
+    callbacks: CallbacksSpec  # the evaluation config's
+    evaluation_num_env_runners: int  # env groups: max(1, this)
+    evaluation_duration: Any  # int, or "auto"
+    evaluation_duration_unit: str
+    evaluation_sample_timeout_s: float
+    evaluation_force_reset_envs_before_iteration: bool
+    custom_evaluation_function: Callable | None
 
 
 class _Run:
@@ -78,16 +96,22 @@ class Evaluator:
     """
 
     def __init__(
-        self, config, act: Callable, act_greedy: Callable, param_store: ParamStore, seed: int
+        self,
+        spec: EvaluationSpec,
+        act: Callable,
+        act_greedy: Callable,
+        param_store: ParamStore,
+        seed: int,
     ):
-        self.config = config
+        self.spec = spec
+        # What evaluation episodes' callbacks read as ``env_runner.config`` (never read here).
+        self.config = spec.callbacks.env_runner_config
         self._act, self._act_greedy = act, act_greedy
         self._param_store = param_store
         self._seed = seed + EVAL_SEED_OFFSET
         self._key = actor_key(self._seed, param_store.get()[0], act)
-        self.eval_config = self._make_eval_config()
-        self.num_env_runners = max(1, config.evaluation_num_env_runners)
-        self.num_envs = self.eval_config.num_envs_per_env_runner
+        self.num_env_runners = max(1, spec.evaluation_num_env_runners)
+        self.num_envs = spec.env.num_envs_per_env_runner
         self._groups: list[EnvGroup] | None = None
         self._num_builds = 0
         self._run: _Run | None = None
@@ -96,38 +120,24 @@ class Evaluator:
         # Evaluation episodes' callbacks get this Evaluator as env_runner, and its own logger
         # (evaluation/env_runners/... in the results).
         self.metrics = MetricsLogger()
-        self.episode_callbacks = EpisodeCallbacks.make(self.eval_config, self, self.metrics)
-
-    def _make_eval_config(self):
-        eval_cfg = self.config.copy(copy_frozen=False)
-        overrides = dict(self.config.evaluation_config or {})
-        overrides.setdefault("explore", False)
-        eval_cfg.update_from_dict(overrides)
-        return eval_cfg.freeze()
+        self.episode_callbacks = EpisodeCallbacks.make(spec.callbacks, self, self.metrics)
 
     # -- the envs ----------------------------------------------------------------------------
 
     def _build_groups(self) -> list[EnvGroup]:
         """Fresh envs, seeded apart from every earlier evaluation's."""
         self._close_groups()
-        cfg, n = self.eval_config, self.num_envs
+        env_spec, n = self.spec.env, self.num_envs
         groups = []
         try:
             for i in range(self.num_env_runners):
                 seed = self._seed + (self._num_builds * self.num_env_runners + i) * n
-                env = make_vec_env(
-                    cfg.env,
+                env, adapter = make_runner_envs(
+                    env_spec,
                     n,
                     seed,
-                    cfg.env_config,
-                    cfg.gym_env_vectorize_mode,
-                    num_cpus=cfg.num_cpus_per_env_runner,
                     # A creator's EnvContext: RLlib numbers evaluation runners from 1.
-                    worker_index=i + 1 if cfg.evaluation_num_env_runners else 0,
-                    num_workers=cfg.evaluation_num_env_runners,
-                )
-                adapter = ActionAdapter(
-                    env.action_space, cfg.normalize_actions, cfg.clip_actions, env.name
+                    worker_index=i + 1 if env_spec.num_workers else 0,
                 )
                 group = EnvGroup(env, adapter, self._act, self._act_greedy)
                 groups.append(group)
@@ -148,7 +158,7 @@ class Evaluator:
     def _groups_for(self, unit: str) -> list[EnvGroup]:
         """RLlib resets the envs before every "episodes" evaluation, and before the others
         when ``evaluation_force_reset_envs_before_iteration``."""
-        reset = unit == "episodes" or self.config.evaluation_force_reset_envs_before_iteration
+        reset = unit == "episodes" or self.spec.evaluation_force_reset_envs_before_iteration
         if self._groups is None or reset:
             return self._build_groups()
         return self._groups
@@ -169,9 +179,9 @@ class Evaluator:
         return {"env_runners": deep_merge(self._summary(episodes, steps), self.metrics.reduce())}
 
     def _sample(self, run: _Run, duration: Any = None, unit: str | None = None) -> None:
-        cfg = self.config
-        duration = cfg.evaluation_duration if duration is None else duration
-        unit = unit or cfg.evaluation_duration_unit
+        spec = self.spec
+        duration = spec.evaluation_duration if duration is None else duration
+        unit = unit or spec.evaluation_duration_unit
         if duration == "auto":
             unit = "auto"
         groups = self._groups_for(unit)
@@ -182,8 +192,8 @@ class Evaluator:
         n = len(groups)
         quota = split_duration(duration, n) if unit != "auto" else [0] * n
         done = [0] * n
-        deadline = run.started + cfg.evaluation_sample_timeout_s
-        explore = self.eval_config.explore
+        deadline = run.started + spec.evaluation_sample_timeout_s
+        explore = spec.explore
         log = EpisodeLog()  # the episodes a step ended, those the evaluation counts
         while not run.stop.is_set():
             if unit == "auto":
@@ -219,7 +229,7 @@ class Evaluator:
 
     def _target(self, run: _Run, algorithm) -> None:
         try:
-            fn = self.config.custom_evaluation_function
+            fn = self.spec.custom_evaluation_function
             if fn is not None:
                 run.custom = fn(algorithm, self)
             else:
@@ -255,12 +265,12 @@ class Evaluator:
         run, self._run = self._run, None
         if run is None:
             raise RuntimeError("no evaluation is running; call start() first.")
-        cfg = self.config
-        custom = cfg.custom_evaluation_function is not None
+        spec = self.spec
+        custom = spec.custom_evaluation_function is not None
         if custom:
             run.thread.join()  # RLlib does not time a custom evaluation function out either
         else:
-            remaining = run.started + cfg.evaluation_sample_timeout_s - time.monotonic()
+            remaining = run.started + spec.evaluation_sample_timeout_s - time.monotonic()
             run.thread.join(timeout=max(0.0, remaining) + _JOIN_GRACE_S)
         with run.lock:
             if not run.finished:
@@ -271,7 +281,7 @@ class Evaluator:
             episodes, steps = list(run.episodes), run.env_steps
         if run.error is not None:
             if custom and not isinstance(run.error, UserCodeError):
-                fn = cfg.custom_evaluation_function
+                fn = spec.custom_evaluation_function
                 raise UserCodeError(
                     f"evaluation(custom_evaluation_function={describe(fn)})", run.error
                 ) from run.error
@@ -291,17 +301,17 @@ class Evaluator:
         return self.result()
 
     def _warn(self, run: _Run, episodes: list) -> None:
-        cfg = self.config
-        wanted = cfg.evaluation_duration
+        spec = self.spec
+        wanted = spec.evaluation_duration
         if run.timed_out:
             logger.warning(
                 "evaluation stopped after evaluation_sample_timeout_s=%g s with %d episodes "
                 "(evaluation_duration=%s %s); the results cover only those. Raise "
                 "evaluation(evaluation_sample_timeout_s=...) or lower evaluation_duration.",
-                cfg.evaluation_sample_timeout_s,
+                spec.evaluation_sample_timeout_s,
                 len(episodes),
                 wanted,
-                cfg.evaluation_duration_unit,
+                spec.evaluation_duration_unit,
             )
         if not episodes:
             logger.warning(
@@ -310,7 +320,7 @@ class Evaluator:
                 "evaluation_duration_unit='episodes', raise evaluation_sample_timeout_s, or set "
                 "evaluation_force_reset_envs_before_iteration=False.",
                 wanted,
-                cfg.evaluation_duration_unit,
+                spec.evaluation_duration_unit,
             )
 
     def _custom_result(self, value: Any) -> tuple[dict, int | None]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import functools
 import math
 import warnings
@@ -460,3 +461,39 @@ class ActionAdapter:
                 "environment(clip_actions=True) to map policy outputs into the bounds."
             )
         return action
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """The envs a runner steps and how it makes them; each field named as the config field it
+    comes from (rllib/specs.py builds it, for training and for evaluation)."""
+
+    env: Any  # a gymnasium or envpool id, an env class or a creator
+    env_config: Mapping[str, Any]
+    gym_env_vectorize_mode: str
+    num_envs_per_env_runner: int
+    num_cpus_per_env_runner: float
+    normalize_actions: bool
+    clip_actions: bool
+    # The runner count a creator's EnvContext reports: num_env_runners for training,
+    # evaluation_num_env_runners for evaluation.
+    num_workers: int
+
+
+def make_runner_envs(
+    spec: EnvSpec, num_envs: int, seed: int, worker_index: int, first_vector_index: int = 0
+) -> tuple[VecEnv, ActionAdapter]:
+    """``num_envs`` envs of ``spec`` seeded from ``seed``, and the adapter their actions pass."""
+    env = make_vec_env(
+        spec.env,
+        num_envs,
+        seed,
+        spec.env_config,
+        spec.gym_env_vectorize_mode,
+        num_cpus=spec.num_cpus_per_env_runner,
+        worker_index=worker_index,
+        num_workers=spec.num_workers,
+        first_vector_index=first_vector_index,
+    )
+    adapter = ActionAdapter(env.action_space, spec.normalize_actions, spec.clip_actions, env.name)
+    return env, adapter
