@@ -91,6 +91,7 @@ def test_impala_loss_takes_the_specs_names():
 
 @pytest.mark.parametrize("k", EACH)
 def test_each_coefficient_has_its_docs_row(k):
+    assert "|" not in k.doc, f"core/loss_spec.py: {k.name}'s doc would split its table row"
     lines = _lines("docs/config.md")
     start = lines.index("### `.training(*, ...)`")
     end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("###"))
