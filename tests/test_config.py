@@ -13,6 +13,7 @@ import types
 import pytest
 
 from impala_jax import IMPALAConfig, NotProvided
+from impala_jax.core.loss_spec import COEFFICIENTS as LOSS_COEFFICIENTS
 from impala_jax.rllib.config import DEFAULT_MODEL_CONFIG
 
 # RLlib 2.60's builder keywords and the values a fresh RLlib IMPALAConfig() holds
@@ -213,8 +214,10 @@ DIFFERENT_DEFAULTS = {
     "model_config": (dict(DEFAULT_MODEL_CONFIG), {}),
     "callbacks_class": (None, "ray.rllib.callbacks.callbacks.RLlibCallback"),
 }
-# impala_jax's own fields (docs/config.md), which RLlib does not have.
+# impala_jax's own fields (docs/config.md), which RLlib does not have; the loss coefficients say
+# so in their declaration (core/loss_spec.py).
 OWN_FIELDS = {"loss_reduction", "inference_backend", "rmsprop_initial_scale", "policy_lag"}
+OWN_FIELDS |= {k.name for k in LOSS_COEFFICIENTS if not k.rllib}
 
 
 @pytest.fixture(scope="module")

@@ -113,17 +113,16 @@ def _loss_and_grad(networks, distribution):
     def loss(params, mb):
         t1, b = mb.obs.shape[:2]
         dist_inputs, values = networks.apply(params, mb.obs.reshape(t1 * b, -1))
-        total, metrics = losses.impala_loss_from_spec(
-            LOSS,
+        total, metrics = losses.impala_loss(
             dist_inputs.reshape(t1, b, -1)[:-1],
             values.reshape(t1, b),
             mb.behaviour_logits,
             mb.action,
             mb.reward,
-            mb.terminated,
+            LOSS.gamma * (1.0 - mb.terminated.astype(jnp.float32)),
             mb.valid,
             distribution=distribution,
-            entropy_coeff=LOSS.entropy_coeff,
+            **LOSS.loss_keywords(),
         )
         return total, metrics
 

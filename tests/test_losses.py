@@ -70,7 +70,11 @@ def test_metrics_and_terms_match_their_definitions():
     batch = make_batch(0)
     dist = Categorical(N)
     loss, metrics, _ = loss_and_grads(
-        batch, vf_loss_coeff=0.5, entropy_coeff=0.01, clip_rho_threshold=1.2, lambda_=0.9
+        batch,
+        vf_loss_coeff=0.5,
+        entropy_coeff=0.01,
+        vtrace_clip_rho_threshold=1.2,
+        lambda_=0.9,
     )
     assert set(metrics) == METRIC_KEYS
     for value in metrics.values():
@@ -212,7 +216,7 @@ def test_no_nan_with_masked_and_peaked_logits():
     )
     for clip in (1.0, 2.0):
         loss, metrics, grads = loss_and_grads(
-            batch, clip_rho_threshold=clip, clip_pg_rho_threshold=clip
+            batch, vtrace_clip_rho_threshold=clip, vtrace_clip_pg_rho_threshold=clip
         )
         assert np.isfinite(loss)
         for g in grads:

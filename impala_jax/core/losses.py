@@ -1,36 +1,22 @@
 """The IMPALA loss (Espeholt et al. 2018, arXiv:1802.01561, section 4.2).
 
-Pure functions of one time-major batch; the learner differentiates ``impala_loss`` (through
-``impala_loss_from_spec``) with ``has_aux=True`` and averages the metrics over devices.
+Pure functions of one time-major batch; the learner differentiates ``impala_loss`` with
+``has_aux=True`` and averages the metrics over devices. Its settings are declared in
+``loss_spec.py`` (JAX-free, for the config), and its keywords are named as those: the learner
+passes ``LossSpec.loss_keywords()``.
 """
 
 from __future__ import annotations
-
-import dataclasses
-from typing import Any
 
 import chex
 import jax
 import jax.numpy as jnp
 
 from impala_jax.core.distributions import Distribution
+from impala_jax.core.loss_spec import LossSpec
 from impala_jax.core.vtrace import vtrace
 
-
-@dataclasses.dataclass(frozen=True)
-class LossSpec:
-    """The loss's static settings, each field named as the config field it comes from."""
-
-    gamma: float
-    vf_loss_coeff: float
-    entropy_coeff: Any  # float or ((t, v), ...): a schedule in env steps
-    vtrace_clip_rho_threshold: float
-    vtrace_clip_pg_rho_threshold: float
-    clip_rewards: Any
-    # "mean" over the (mini)batch's valid rows (RLlib's) or their "sum" (the IMPALA paper's code):
-    # the sum's gradient is N = valid rows times the mean's, which is what the paper's RMSProp
-    # constants (epsilon, grad_clip) were set for. See docs/config.md, "Loss reduction".
-    loss_reduction: str = "mean"
+__all__ = ["LossSpec", "clip_reward", "impala_loss"]
 
 
 def clip_reward(r_t: jax.Array, clip_rewards: bool | float | None) -> jax.Array:
@@ -66,8 +52,8 @@ def impala_loss(
     distribution: Distribution,
     vf_loss_coeff: float,
     entropy_coeff: chex.Numeric,
-    clip_rho_threshold: float | None = 1.0,
-    clip_pg_rho_threshold: float | None = 1.0,
+    vtrace_clip_rho_threshold: float | None = 1.0,
+    vtrace_clip_pg_rho_threshold: float | None = 1.0,
     lambda_: chex.Numeric = 1.0,
     clip_rewards: bool | float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -94,7 +80,9 @@ def impala_loss(
       distribution: a ``Categorical`` or ``DiagGaussian`` from ``distributions.py``.
       vf_loss_coeff: weight of the value loss.
       entropy_coeff: weight of the entropy bonus; may be a traced scalar (a schedule).
-      clip_rho_threshold, clip_pg_rho_threshold, lambda_: as in ``vtrace.vtrace``.
+      vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold: ``vtrace.vtrace``'s
+        ``clip_rho_threshold`` and ``clip_pg_rho_threshold``.
+      lambda_: as in ``vtrace.vtrace``.
       clip_rewards: as in ``clip_reward``.
 
     Returns:
@@ -127,8 +115,8 @@ def impala_loss(
         discount_t=discount_t,
         rho_tm1=rho_tm1,
         lambda_=lambda_,
-        clip_rho_threshold=clip_rho_threshold,
-        clip_pg_rho_threshold=clip_pg_rho_threshold,
+        clip_rho_threshold=vtrace_clip_rho_threshold,
+        clip_pg_rho_threshold=vtrace_clip_pg_rho_threshold,
     )
 
     pi_loss = -_masked_mean(target_log_prob * targets.pg_advantages, mask, count)
@@ -145,46 +133,9 @@ def impala_loss(
         mean_kl=_masked_mean(distribution.kl(behaviour_logits, logits_t), mask, count),
         mean_vs=_masked_mean(targets.vs, mask, count),
         vf_explained_var=_explained_variance(targets.vs, v_tm1, mask, count),
-        **_rho_metrics(rho_tm1, valid, count, clip_rho_threshold),
+        **_rho_metrics(rho_tm1, valid, count, vtrace_clip_rho_threshold),
     )
     return total_loss, jax.tree.map(jax.lax.stop_gradient, metrics)
-
-
-def impala_loss_from_spec(
-    spec: LossSpec,
-    logits_t: jax.Array,
-    values: jax.Array,
-    behaviour_logits: jax.Array,
-    action: jax.Array,
-    r_t: jax.Array,
-    terminated: jax.Array,
-    mask: jax.Array,
-    *,
-    distribution: Distribution,
-    entropy_coeff: chex.Numeric,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``impala_loss`` with ``spec``'s settings, the learner's one call of it.
-
-    ``terminated``: bool [T, B], whether ``action[t]`` ended the episode (no bootstrap);
-    ``entropy_coeff``: ``spec.entropy_coeff``'s value at the current env step (a schedule is
-    read by the caller). The other arguments are ``impala_loss``'s.
-    """
-    discount_t = spec.gamma * (1.0 - terminated.astype(jnp.float32))
-    return impala_loss(
-        logits_t,
-        values,
-        behaviour_logits,
-        action,
-        r_t,
-        discount_t,
-        mask,
-        distribution=distribution,
-        vf_loss_coeff=spec.vf_loss_coeff,
-        entropy_coeff=entropy_coeff,
-        clip_rho_threshold=spec.vtrace_clip_rho_threshold,
-        clip_pg_rho_threshold=spec.vtrace_clip_pg_rho_threshold,
-        clip_rewards=spec.clip_rewards,
-    )
 
 
 def _rho_metrics(

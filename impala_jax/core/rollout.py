@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from impala_jax.core.policy import act
-from impala_jax.core.types import Trajectory
+from impala_jax.core.types import Trajectory, with_bootstrap
 
 
 class JaxEnv(Protocol):
@@ -132,23 +132,21 @@ def make_rollout(env: JaxEnv, policy: Callable, to_env_action: Callable, T: int)
         carry, reward, terminated, truncated, episodes = step_envs(
             env, carry, to_env_action(action), keys
         )
-        out = (obs, action, dist_inputs.astype(jnp.float32), reward, terminated, truncated)
-        return carry, (*out, valid.astype(jnp.float32), episodes)
-
-    def rollout(params, carry: EnvCarry):
-        carry, rows = jax.lax.scan(lambda c, _: row(params, c), carry, None, length=T)
-        obs, action, dist_inputs, reward, terminated, truncated, valid, episodes = rows
-        traj = Trajectory(
-            obs=jnp.concatenate([obs, carry.obs[None]]),
+        out = Trajectory(
+            obs=obs,
             action=action,
-            behaviour_logits=dist_inputs,
+            behaviour_logits=dist_inputs.astype(jnp.float32),
             reward=reward,
             terminated=terminated,
             truncated=truncated,
-            valid=valid,
+            valid=valid.astype(jnp.float32),
             param_version=None,
         )
-        return carry, traj, episodes
+        return carry, (out, episodes)
+
+    def rollout(params, carry: EnvCarry):
+        carry, (rows, episodes) = jax.lax.scan(lambda c, _: row(params, c), carry, None, length=T)
+        return carry, with_bootstrap(rows, obs=carry.obs), episodes
 
     return rollout
 

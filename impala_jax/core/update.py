@@ -210,17 +210,17 @@ def _make_loss_fn(networks, distribution, loss_spec: losses.LossSpec):
             )
         dist_inputs = dist_inputs.reshape(t1, b, -1)
         values = values.reshape(t1, b)
-        loss, metrics = losses.impala_loss_from_spec(
-            loss_spec,
+        discount_t = loss_spec.gamma * (1.0 - batch.terminated.astype(jnp.float32))
+        loss, metrics = losses.impala_loss(
             dist_inputs[:-1],
             values,
             batch.behaviour_logits,
             batch.action,
             batch.reward,
-            batch.terminated,
+            discount_t,
             batch.valid,
             distribution=distribution,
-            entropy_coeff=entropy_coeff,
+            **loss_spec.loss_keywords(entropy_coeff=entropy_coeff),
         )
         # Masked means become shares of the global mean, so their pmean is the global mean;
         # RLlib's pi_loss / vf_loss are sums, beside the means.

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from impala_jax.core.loss_spec import COEFFICIENTS as LOSS_COEFFICIENTS
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
 from impala_jax.core.optim_rules import GRAD_CLIP_BY, OPT_TYPES, SCHEDULE_FORM, schedule_problem
 from impala_jax.rllib.compat_tables import NOT_HERE
@@ -294,8 +295,9 @@ class _Validator:
     def _training(self) -> None:
         c, cfg = self, self.c
         c.check("vtrace", lambda v: v is True, "True: impala_jax always uses V-trace")
-        c.real("vtrace_clip_rho_threshold", 0, open_low=True)
-        c.real("vtrace_clip_pg_rho_threshold", 0, open_low=True)
+        for k in LOSS_COEFFICIENTS:  # as declared; a schedule one is checked by _schedule below
+            if not k.schedule:
+                c.check(k.name, lambda v, k=k: is_real(v) and k.contains(v), f"a number {k.rule}")
         c.integer("num_gpu_loader_threads", 1)
         c.integer("num_multi_gpu_tower_stacks", 1)
         c.integer("minibatch_buffer_size", 1)
@@ -320,9 +322,7 @@ class _Validator:
         c.real("momentum", 0)
         c.real("epsilon", 0, open_low=True)
         c.real("rmsprop_initial_scale", 0)
-        c.real("vf_loss_coeff", 0)
         c.choice("loss_reduction", LOSS_REDUCTIONS)
-        c.check("gamma", lambda v: is_real(v) and 0 <= v <= 1, "a number in [0, 1]")
         self._schedule("lr", "lr_schedule", "> 0", open_low=True)
         self._schedule("entropy_coeff", "entropy_coeff_schedule", ">= 0", open_low=False)
         c.boolean("_separate_vf_optimizer", "shuffle_batch_per_epoch")

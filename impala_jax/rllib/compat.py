@@ -13,6 +13,8 @@ tables of ``compat_tables.py``:
 - a keyword of ``DEPRECATED``: those RLlib still honours (with a warning) set the new field and
   warn with a `DeprecationWarning`; those RLlib rejects are a `ValueError` naming the new
   spelling.
+- a keyword of ``DECLARED`` (a loss coefficient impala_jax adds, declared in
+  ``core/loss_spec.py``) sets its field: the builder takes it from its declaration alone.
 - anything else is a `TypeError`, as an unknown keyword of any Python function.
 
 `NotProvided` (the builders' "not given") lives here too, as the mixin's builders need it.
@@ -27,6 +29,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from impala_jax.core.loss_spec import COEFFICIENTS
 from impala_jax.rllib.compat_tables import (
     ATTRIBUTE_ALIASES,
     DEPRECATED,
@@ -35,6 +38,10 @@ from impala_jax.rllib.compat_tables import (
     RLLIB_ONLY_ATTRIBUTES,
     UNSUPPORTED,
 )
+
+# Keywords declared outside config.py, by builder. RLlib's coefficients are also explicit
+# keywords of training(), in RLlib's order; one impala_jax adds needs only its declaration.
+DECLARED = {"training": tuple(c.name for c in COEFFICIENTS)}
 
 
 class _NotProvidedType:
@@ -74,7 +81,8 @@ def is_rllib_default(value: Any, default: Any) -> bool:
 
 
 def route(builder: str, kwargs: Mapping[str, Any], known: list[str]) -> dict[str, Any]:
-    """The fields to set for RLlib-only keywords given to `builder`, after checking each.
+    """The fields to set for RLlib-only (and `DECLARED`) keywords given to `builder`, after
+    checking each.
 
     `known` are the builder's own keywords (for the TypeError's suggestion). RLlib defaults of
     unsupported keywords set nothing; deprecated spellings RLlib still honours map onto their
@@ -82,7 +90,9 @@ def route(builder: str, kwargs: Mapping[str, Any], known: list[str]) -> dict[str
     """
     fields: dict[str, Any] = {}
     for name, value in kwargs.items():
-        if name in UNSUPPORTED.get(builder, {}):
+        if name in DECLARED.get(builder, ()):
+            fields[name] = value
+        elif name in UNSUPPORTED.get(builder, {}):
             default, reason = UNSUPPORTED[builder][name]
             if not is_rllib_default(value, default):
                 shown = "None" if default is RLLIB_OBJECT else repr(default)

@@ -27,9 +27,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from impala_jax.core.loss_spec import COEFFICIENTS as LOSS_COEFFICIENTS
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
 from impala_jax.rllib.checks import SETTER_CHECKS, start_together, validate_config
-from impala_jax.rllib.compat import NotProvided, RLlibBuilders, route
+from impala_jax.rllib.compat import DECLARED, NotProvided, RLlibBuilders, route
 from impala_jax.rllib.model_config_checks import merge_model_config
 from impala_jax.rllib.module_spec import (
     DEFAULT_FACTORY,
@@ -104,9 +105,10 @@ class IMPALAConfig(RLlibBuilders):
         self.policy_lag = None
 
         # .training()
+        # The loss's coefficients (gamma, vf_loss_coeff, entropy_coeff, ...): core/loss_spec.py
+        for coefficient in LOSS_COEFFICIENTS:
+            setattr(self, coefficient.name, coefficient.default)
         self.vtrace = True  # must stay True: IMPALA here always uses V-trace
-        self.vtrace_clip_rho_threshold = 1.0  # rho-bar in the paper, eq. 1
-        self.vtrace_clip_pg_rho_threshold = 1.0  # rho-bar for the policy-gradient advantage
         self.num_gpu_loader_threads = 8  # host threads stacking fragments and copying to devices
         self.num_multi_gpu_tower_stacks = 1  # device-resident prefetch slots for train batches
         self.minibatch_buffer_size = 1  # train batches kept for reuse when num_epochs > 1
@@ -124,15 +126,12 @@ class IMPALAConfig(RLlibBuilders):
         self.momentum = 0.0  # RMSProp momentum
         self.epsilon = 0.1  # RMSProp epsilon (Adam keeps optax's default)
         self.rmsprop_initial_scale = 1.0  # impala_jax's: RMSProp's mean square at step 0
-        self.vf_loss_coeff = 0.5  # weight of the value loss
         self.loss_reduction = "mean"  # impala_jax's: "mean" (RLlib's) or "sum" (the paper's)
-        self.entropy_coeff = 0.01  # float or [[timestep, value], ...]
         self.entropy_coeff_schedule = None  # [[timestep, value], ...]; overrides a float
         self._separate_vf_optimizer = False  # value params get their own optimizer with _lr_vf
         self._lr_vf = 0.0005  # the value optimizer's learning rate
         self.num_aggregation_workers = -1  # deprecated (as in RLlib): must stay -1
         self.max_requests_in_flight_per_aggregator_worker = -1  # deprecated: must stay -1
-        self.gamma = 0.99  # discount
         self.lr = 0.0005  # float or [[timestep, lr], ...], linear in env steps sampled
         self.grad_clip_by = "global_norm"  # "value", "norm" (per tensor) or "global_norm"
         self.train_batch_size = 500  # env steps per update when train_batch_size_per_learner unset
@@ -296,7 +295,7 @@ class IMPALAConfig(RLlibBuilders):
         learner_class=NotProvided,
         **rllib_kwargs,
     ) -> IMPALAConfig:
-        """Sets the loss, optimizer, batch sizes and the learner pipeline."""
+        """Sets the loss, optimizer, batch sizes and learner pipeline (and compat.DECLARED's)."""
         return self._set(locals(), "training")
 
     def learners(
@@ -694,7 +693,7 @@ class IMPALAConfig(RLlibBuilders):
         validate_config(self, _FIELD_TO_BUILDER)
 
 
-# Builder of every field, read off the signatures (training before learners: learner_class).
+# Builder of every field: its signature or compat.DECLARED (training before learners: learner_class)
 _BUILDERS = (
     "api_stack",
     "framework",
@@ -713,6 +712,7 @@ _BUILDERS = (
 )
 _FIELD_TO_BUILDER: dict[str, str] = {}
 for _builder in _BUILDERS:
-    for _param in list(inspect.signature(getattr(IMPALAConfig, _builder)).parameters.values())[1:]:
-        if _param.kind is not inspect.Parameter.VAR_KEYWORD:
-            _FIELD_TO_BUILDER.setdefault(_param.name, _builder)
+    _params = list(inspect.signature(getattr(IMPALAConfig, _builder)).parameters.values())[1:]
+    _names = [p.name for p in _params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    for _name in [*_names, *DECLARED.get(_builder, ())]:
+        _FIELD_TO_BUILDER.setdefault(_name, _builder)

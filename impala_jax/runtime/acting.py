@@ -25,7 +25,7 @@ from impala_jax.core.distributions import make_distribution
 from impala_jax.core.networks import make_networks
 from impala_jax.core.policy import RecurrentActor, initial_carry, make_act_fns
 from impala_jax.core.recurrent import make_recurrent_networks, num_chunks
-from impala_jax.core.types import Trajectory
+from impala_jax.core.types import Trajectory, empty_trajectory
 from impala_jax.runtime.host_actor import (
     AUTO_MAX_MACS,
     HostActor,
@@ -83,13 +83,6 @@ def use_host_actor(
     return actor_device.platform == "cpu" and macs <= AUTO_MAX_MACS
 
 
-def batch_dtype(dtype) -> np.dtype:
-    """The dtype a batch holds observations in: the one JAX computes with (int64 as int32
-    without x64, e.g. a Discrete observation), so the batch the runners fill and the example
-    the learner compiles for agree."""
-    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
-
-
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """The policy's networks and action distribution, and the actor that runs them:
@@ -124,28 +117,19 @@ class Policy:
     def example_batch(self, T: int, columns: int, action_dtype) -> Trajectory:
         """Zeros shaped and typed like one learner batch of ``columns`` rollouts of length
         ``T``, to compile the learner step early."""
-        B, obs_space = columns, self.observation_space
-        discrete = isinstance(self.action_space, gym.spaces.Discrete)
-        action_shape = () if discrete else self.action_space.shape
+        B, space = columns, self.action_space
+        action_shape = () if isinstance(space, gym.spaces.Discrete) else space.shape
         recurrent = {}
         if self.recurrent:
-            K = num_chunks(T, self.networks.max_seq_len)
-            state = self.act.initial_state(B)
             recurrent = dict(
-                core_state=jax.tree.map(lambda x: np.zeros((K, *x.shape), x.dtype), state),
-                prev_action=np.zeros((T + 1, B, *action_shape), action_dtype),
-                prev_reward=np.zeros((T + 1, B), np.float32),
-                reset=np.zeros((T + 1, B), bool),
+                core_state=self.act.initial_state(B),
+                chunks=num_chunks(T, self.networks.max_seq_len),
             )
-        return Trajectory(
-            obs=np.zeros((T + 1, B, *obs_space.shape), batch_dtype(obs_space.dtype)),
-            action=np.zeros((T, B, *action_shape), action_dtype),
-            behaviour_logits=np.zeros((T, B, self.networks.dist_size), np.float32),
-            reward=np.zeros((T, B), np.float32),
-            terminated=np.zeros((T, B), bool),
-            truncated=np.zeros((T, B), bool),
-            valid=np.zeros((T, B), np.float32),
-            param_version=np.zeros(B, np.int32),
+        return empty_trajectory(
+            T,
+            jax.ShapeDtypeStruct((B, *self.observation_space.shape), self.observation_space.dtype),
+            jax.ShapeDtypeStruct((B, *action_shape), action_dtype),
+            jax.ShapeDtypeStruct((B, self.networks.dist_size), np.float32),
             **recurrent,
         )
 

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from impala_jax.core.policy import initial_carry
-from impala_jax.core.types import Trajectory
+from impala_jax.core.recurrent import num_chunks
+from impala_jax.core.types import Trajectory, empty_trajectory
 from impala_jax.runtime.buffers import MAX_DROPPED_IN_A_ROW, FragmentDoor
 from impala_jax.runtime.callbacks import CallbacksSpec, EpisodeCallbacks, UserCodeError
 from impala_jax.runtime.host_actor import HostActor, no_gil_yield
@@ -397,42 +398,25 @@ class EnvRunner:
         params, version = self._params()
         if self.episode_callbacks is not None:
             self.episode_callbacks.begin(self.groups)  # new envs start their episodes
-        bufs = []
-        for g in self.groups:
-            n = g.env.num_envs
-            bufs.append(
-                dict(
-                    # The dtype JAX computes with, as the learner's example batch has it.
-                    obs=np.empty(
-                        (T + 1, n, *g.obs.shape[1:]), jax.dtypes.canonicalize_dtype(g.obs.dtype)
-                    ),
-                    reward=np.empty((T, n), np.float32),
-                    terminated=np.empty((T, n), bool),
-                    truncated=np.empty((T, n), bool),
-                    valid=np.empty((T, n), np.float32),
-                    action=None,
-                    behaviour_logits=None,
-                )
-            )
+        # Each group's fragment is allocated at its first action, whose shape and dtype it takes.
+        bufs: list[Trajectory | None] = [None] * len(self.groups)
         timers = self.timers
         rec = self._recurrent
-        if rec is not None:
-            for g, buf in zip(self.groups, bufs, strict=True):
-                self._recurrent_buffers(g, buf)
         for t in range(T):
-            for g, buf in zip(self.groups, bufs, strict=True):
-                buf["obs"][t] = g.obs
-                buf["valid"][t] = ~g.prev_done
+            for i, g in enumerate(self.groups):
                 with timers.time("inference"):
-                    if rec is not None:
-                        self._record_carry(g, buf, t)
+                    carry = g.carry  # what row t is acted from (a recurrent policy's)
                     action, dist_inputs, self._key = g.act(params, self._key, self.explore)
                     dist_inputs = np.asarray(dist_inputs)
-                if buf["action"] is None:
-                    buf["action"] = np.empty((T, *action.shape), action.dtype)
-                    buf["behaviour_logits"] = np.empty((T, *dist_inputs.shape), np.float32)
-                buf["action"][t] = action
-                buf["behaviour_logits"][t] = dist_inputs
+                    if bufs[i] is None:
+                        bufs[i] = self._fragment(g, action, dist_inputs)
+                    if rec is not None:
+                        self._record_carry(bufs[i], carry, t)
+                buf = bufs[i]
+                buf.obs[t] = g.obs
+                buf.valid[t] = ~g.prev_done
+                buf.action[t] = action
+                buf.behaviour_logits[t] = dist_inputs
                 with timers.time("env_send"):
                     g.send(action)
             for g, buf in zip(self.groups, bufs, strict=True):
@@ -440,24 +424,31 @@ class EnvRunner:
                     obs, reward, terminated, truncated = g.env.recv()
                 self.steps_since_rebuild += 1
                 g.receive(obs, reward, terminated, truncated, self.episode_callbacks, self.episodes)
-                buf["reward"][t] = reward
-                buf["terminated"][t] = terminated
-                buf["truncated"][t] = truncated
+                buf.reward[t] = reward
+                buf.terminated[t] = terminated
+                buf.truncated[t] = truncated
         out = []
         offset = 0
-        for i, (g, buf) in enumerate(zip(self.groups, bufs, strict=True)):
-            buf["obs"][T] = g.obs
+        for i, (g, traj) in enumerate(zip(self.groups, bufs, strict=True)):
+            traj.obs[T] = g.obs
             if rec is not None:
-                self._record_carry(g, buf, T)
-                buf["core_state"] = jax.tree.map(lambda *xs: np.stack(xs), *buf["core_state"])
+                self._record_carry(traj, g.carry, T)
+            traj.param_version[:] = version
             n = g.env.num_envs
-            traj = Trajectory(param_version=np.full(n, version, np.int32), **buf)
             self.env_steps += T * n
             if self._admit(traj, i, offset):
                 out.append(traj)
             offset += n
         self.heartbeat = time.monotonic()
         return out
+
+    def _fragment(self, g: EnvGroup, action: np.ndarray, dist_inputs: np.ndarray) -> Trajectory:
+        """Group ``g``'s empty fragment, shaped like its first row (core.types)."""
+        recurrent = {}
+        if self._recurrent is not None:
+            chunks = num_chunks(self.T, self._recurrent.max_seq_len)
+            recurrent = dict(core_state=g.carry[0], chunks=chunks)
+        return empty_trajectory(self.T, g.obs, action, dist_inputs, alloc=np.empty, **recurrent)
 
     def _admit(self, traj: Trajectory, group: int, offset: int) -> bool:
         """Whether the fragment passes the door; EnvOutputError once one env group's were
@@ -473,22 +464,19 @@ class EnvRunner:
             "the env, or allow it with environment(disable_env_checking=True)."
         )
 
-    def _recurrent_buffers(self, g: EnvGroup, buf: dict) -> None:
-        T, n = self.T, g.env.num_envs
-        prev_action = g.carry[1]
-        buf["core_state"] = []  # the state before rows 0, L, 2L, ...: stacked at the end
-        buf["prev_action"] = np.empty((T + 1, *prev_action.shape), prev_action.dtype)
-        buf["prev_reward"] = np.empty((T + 1, n), np.float32)
-        buf["reset"] = np.empty((T + 1, n), bool)
-
-    def _record_carry(self, g: EnvGroup, buf: dict, t: int) -> None:
-        """Row t's prev action, prev reward and reset flag; its state when a chunk starts."""
-        state, prev_action, prev_reward, reset = g.carry
-        if t % self._recurrent.max_seq_len == 0:
-            buf["core_state"].append(jax.tree.map(np.asarray, state))
-        buf["prev_action"][t] = prev_action
-        buf["prev_reward"][t] = prev_reward
-        buf["reset"][t] = reset
+    def _record_carry(self, buf: Trajectory, carry: tuple, t: int) -> None:
+        """Row t's prev action, prev reward and reset flag from ``carry``, and its state when a
+        chunk starts."""
+        state, prev_action, prev_reward, reset = carry
+        L = self._recurrent.max_seq_len
+        if t % L == 0:
+            for stored, leaf in zip(
+                jax.tree.leaves(buf.core_state), jax.tree.leaves(state), strict=True
+            ):
+                stored[t // L] = np.asarray(leaf)
+        buf.prev_action[t] = prev_action
+        buf.prev_reward[t] = prev_reward
+        buf.reset[t] = reset
 
     def close(self) -> None:
         groups, self.groups = self.groups, []
