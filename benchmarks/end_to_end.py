@@ -125,7 +125,7 @@ def raw_binding(env, num_envs: int, seconds: float) -> tuple[float, float]:
     """(env steps/s, CPU s per env step) of random actions on ``env`` stepped through envpool's
     C++ binding, as impala_jax's runner steps it (envs.EnvpoolVecEnv): raw_envpool's loop
     without envpool's Python send and recv."""
-    from impala_jax.runtime.vec_env import _binding_layout
+    from impala_jax.runtime.envs.vec_env import _binding_layout
 
     layout = _binding_layout(env)
     if layout is None:
@@ -149,7 +149,7 @@ def compute_only(algo, seconds: float) -> tuple[float, float]:
     touched."""
     import jax
 
-    from impala_jax.runtime.env_runner import actor_key
+    from impala_jax.runtime.acting.env_runner import actor_key
 
     if algo.recurrent:
         raise ValueError("compute_only times feedforward policies (CartPole, Pong)")
@@ -344,7 +344,7 @@ def main(argv=None) -> dict:
         budget_s={"type": float, "default": None, "help": "seconds of rounds at most"},
     )
     if args.split != "auto":
-        from impala_jax.runtime.env_runner import EnvRunner
+        from impala_jax.runtime.acting.env_runner import EnvRunner
 
         EnvRunner.split_min_cpus = 0 if args.split == "on" else 10**6
     if args.env == "cartpole":

@@ -90,7 +90,7 @@ def make_learner(kind: str, model_config: dict, b: int, num_devices: int):
     from impala_jax.core.recurrent import make_recurrent_networks
     from impala_jax.core.update import StepSpec
     from impala_jax.rllib.model_config_checks import merge_model_config
-    from impala_jax.runtime.learner import Learner
+    from impala_jax.runtime.learning.learner import Learner
 
     if kind.startswith("cartpole"):
         obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)

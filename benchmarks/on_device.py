@@ -2,11 +2,11 @@
 
 Both paths train ``experiments/cartpole.py``'s config; the device path only changes its env to
 ``gymnax:CartPole-v1``, so acting, env stepping and the V-trace update run as one program per
-learner step (runtime/device_runner.py), where the envpool path steps envpool's CartPole-v1 with
-runner threads. Every measurement is a fresh ``python -m benchmarks.on_device --child PATH``
-process: cold with an empty compilation cache of its own, then warm, a second process on the
-same cache. Per round the order is envpool cold, device cold, envpool warm, device warm, so a
-burst of load from another process hits both paths alike.
+learner step (runtime/ondevice/device_engine.py), where the envpool path steps envpool's CartPole-v1
+with runner threads. Every measurement is a fresh ``python -m benchmarks.on_device --child PATH``
+process: cold with an empty compilation cache of its own, then warm, a second process on the same
+cache. Per round the order is envpool cold, device cold, envpool warm, device warm, so a burst of
+load from another process hits both paths alike.
 
 Each process reports the env steps/s of training over a fixed window of ``train()`` iterations
 after the first (which compiles), the process's CPU seconds (every thread) per env step over
@@ -45,7 +45,7 @@ def child(
     path: str, seed: int, window: int, compile_cache: str, launched: float, light: bool = False
 ) -> dict:
     """One training process (run as ``--child``): the window's throughput and time to 450."""
-    from impala_jax.runtime.jax_setup import enable_compile_cache, initialize_lapack
+    from impala_jax.runtime.process.jax_setup import enable_compile_cache, initialize_lapack
 
     # As the command line does before it builds: the cache first, then jaxlib's LAPACK.
     enable_compile_cache(compile_cache)
@@ -103,7 +103,7 @@ def seeds_child(window: int, compile_cache: str, launched: float) -> dict:
     """``SEEDS`` seeds of the device path in one program (run as ``--child seeds``): their
     aggregate env steps/s over the window, and how many of them reached 450 by its end."""
     from impala_jax import SeedGroup
-    from impala_jax.runtime.jax_setup import enable_compile_cache, initialize_lapack
+    from impala_jax.runtime.process.jax_setup import enable_compile_cache, initialize_lapack
 
     enable_compile_cache(compile_cache)
     initialize_lapack()

@@ -116,7 +116,7 @@ def run(
     """``kill_every`` / ``nan_every`` <= 0 turn that fault off; ``checkpoints`` the saves;
     ``nan_into``: "env" (through the runners' door) or "learner" (past it); ``seed`` the run's
     ``debugging(seed=...)`` (None keeps the experiment's)."""
-    from impala_jax.runtime import checkpoint
+    from impala_jax.runtime.process import checkpoint
 
     config = (
         common.load_experiment()[0]

@@ -39,7 +39,7 @@ def _child(mode: str, seed: int, out: str) -> None:
     stages = {"imports_s": time.perf_counter() - _STARTED}
     config.debugging(seed=seed)
     if mode == "direct":
-        from impala_jax.runtime.jax_setup import enable_compile_cache
+        from impala_jax.runtime.process.jax_setup import enable_compile_cache
 
         enable_compile_cache(os.environ["IMPALA_JAX_COMPILE_CACHE"])
         with config.build() as algo:

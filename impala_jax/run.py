@@ -41,8 +41,8 @@ try:
     )
     from impala_jax.cli.stop_criteria import check_stop, check_stop_keys, parse_stop, stop_reached
     from impala_jax.rllib.values import find_search_space
-    from impala_jax.runtime import distributed
-    from impala_jax.runtime.jax_setup import enable_compile_cache, initialize_lapack
+    from impala_jax.runtime.process import distributed
+    from impala_jax.runtime.process.jax_setup import enable_compile_cache, initialize_lapack
 except ModuleNotFoundError as err:  # a Python without the dependencies: one line, no traceback
     if __name__ != "__main__" or not deps.is_runtime_package(err.name):
         raise

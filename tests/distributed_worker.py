@@ -54,7 +54,7 @@ def _save_run(out: str, algo, results: list[dict]) -> None:
 
 
 def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: str) -> None:
-    from impala_jax.runtime import distributed
+    from impala_jax.runtime.process import distributed
 
     timeouts = {}
     if os.environ.get("COLLECTIVE_TIMEOUT_S"):
@@ -67,7 +67,7 @@ def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: 
     from jax.sharding import PartitionSpec as P
 
     from impala_jax.core.types import LEARNER_AXIS
-    from impala_jax.runtime import parallel
+    from impala_jax.runtime.learning import parallel
 
     me = distributed.process_index()
     if mode == "psum":
@@ -133,8 +133,8 @@ def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: 
             raise AssertionError("built with different configs")
     elif mode == "runner_failure":
         # Only process 1's envs fail (their seeds start at PROCESS_SEED_STRIDE): both stop.
-        from impala_jax.runtime.distributed import PROCESS_SEED_STRIDE
-        from impala_jax.runtime.env_runner_group import EnvRunnerFailure
+        from impala_jax.runtime.acting.env_runner_group import EnvRunnerFailure
+        from impala_jax.runtime.process.distributed import PROCESS_SEED_STRIDE
         from tests.fake_envs import SeededFault
 
         config = (

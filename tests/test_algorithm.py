@@ -11,7 +11,7 @@ import pytest
 
 from impala_jax import IMPALAConfig
 from impala_jax.core.vtrace import vtrace
-from impala_jax.runtime.buffers import LearnerQueueTimeout
+from impala_jax.runtime.learning.buffers import LearnerQueueTimeout
 from tests.fake_envs import GAMMA, SlowEnv, make_return_env
 
 
@@ -46,7 +46,7 @@ def return_env_config(num_env_runners, num_envs):
 @pytest.fixture
 def two_env_groups(monkeypatch):
     """Forces the two alternating env groups per runner even on a 2-core machine."""
-    from impala_jax.runtime.env_runner import EnvRunner
+    from impala_jax.runtime.acting.env_runner import EnvRunner
 
     monkeypatch.setattr(EnvRunner, "split_min_cpus", 1)
 

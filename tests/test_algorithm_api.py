@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from impala_jax.runtime.checkpoint import Checkpoint, SaveResult
+from impala_jax.runtime.process.checkpoint import Checkpoint, SaveResult
 from tests.test_algorithm import small_config
 
 EPISODE_LEN = 10

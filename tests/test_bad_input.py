@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from impala_jax import IMPALAConfig
-from impala_jax.runtime.vec_env import ActionAdapter, make_vec_env
+from impala_jax.runtime.envs.vec_env import ActionAdapter, make_vec_env
 from tests import fake_envs
 from tests.test_algorithm import small_config
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from impala_jax.core.types import Trajectory
-from impala_jax.runtime.buffers import Batcher, LearnerQueue, Loader, MinibatchBuffer
+from impala_jax.runtime.learning.buffers import Batcher, LearnerQueue, Loader, MinibatchBuffer
 
 
 def test_minibatch_buffer_reuses_batches_round_robin():

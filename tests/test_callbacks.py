@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from impala_jax import IMPALA, IMPALAConfig
-from impala_jax.runtime import checkpoint
 from impala_jax.runtime.callbacks import (
     Episode,
     EpisodeCallbacks,
@@ -21,6 +20,7 @@ from impala_jax.runtime.callbacks import (
     RLlibCallback,
     resolve,
 )
+from impala_jax.runtime.process import checkpoint
 from tests.test_algorithm import small_config
 
 # The keywords RLlib 2.60 passes to each hook (Algorithm / SingleAgentEnvRunner make_callback).

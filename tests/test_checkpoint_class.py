@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from impala_jax import IMPALA, IMPALAConfig
-from impala_jax.runtime import checkpoint
+from impala_jax.runtime.process import checkpoint
 from tests.test_algorithm import small_config
 
 

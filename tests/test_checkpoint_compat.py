@@ -47,13 +47,13 @@ def test_a_checkpoint_of_the_flat_layout_restores(tmp_path):
 
 def test_old_import_paths_name_the_same_objects_now():
     """Every import path the flat layout could write resolves to its object's current module."""
-    from impala_jax.runtime.checkpoint import _current_paths
+    from impala_jax.runtime.process.checkpoint import _current_paths
 
     moved = {
         "impala_jax.callbacks:RLlibCallback": "impala_jax.runtime.callbacks:RLlibCallback",
-        "impala_jax.envs:EnvContext": "impala_jax.runtime.env_registry:EnvContext",
-        "impala_jax.envs:ActionAdapter": "impala_jax.runtime.vec_env:ActionAdapter",
-        "impala_jax.learner:Learner": "impala_jax.runtime.learner:Learner",
+        "impala_jax.envs:EnvContext": "impala_jax.runtime.envs.env_registry:EnvContext",
+        "impala_jax.envs:ActionAdapter": "impala_jax.runtime.envs.vec_env:ActionAdapter",
+        "impala_jax.learner:Learner": "impala_jax.runtime.learning.learner:Learner",
         "impala_jax.networks:make_networks": "impala_jax.core.networks:make_networks",
         "impala_jax.config:IMPALAConfig": "impala_jax.rllib.config:IMPALAConfig",
         "my_package.envs:MyEnv": "my_package.envs:MyEnv",  # not impala_jax's: unchanged

@@ -15,8 +15,8 @@ import pytest
 from impala_jax import run
 from impala_jax.cli import run_dir as cli_run_dir
 from impala_jax.cli.run_dir import checkpoints
-from impala_jax.runtime import checkpoint
-from impala_jax.runtime.checkpoint import CorruptCheckpoint
+from impala_jax.runtime.process import checkpoint
+from impala_jax.runtime.process.checkpoint import CorruptCheckpoint
 from tests.test_algorithm import small_config
 from tests.test_run import CARTPOLE, TINY, results
 

@@ -299,7 +299,7 @@ def test_fresh_properties():
     assert config.replay_ratio == 0.0
     assert config.get_rollout_fragment_length() == 50
     assert config.resolved_lr == 0.0005 and config.resolved_entropy_coeff == 0.01
-    assert config.get_default_learner_class() == "impala_jax.runtime.learner.Learner"
+    assert config.get_default_learner_class() == "impala_jax.runtime.learning.learner.Learner"
     spec = config.get_default_rl_module_spec()
     assert spec.factory == "impala_jax.core.networks.make_networks"
     assert spec.model_config == config.model_config

@@ -104,7 +104,7 @@ def test_psum_across_two_processes(tmp_path):
 
 
 def test_int64_travels_as_exact_int32_words():
-    from impala_jax.runtime import distributed
+    from impala_jax.runtime.process import distributed
 
     values = np.array([0, 1, 2**31 - 1, 2**31, 3_000_000_123, 2**61 + 5, -7, -(2**40)], np.int64)
     words = distributed.to_int32_words(values)
@@ -138,7 +138,7 @@ def test_initialize_checks_its_arguments_and_defaults_to_one_process():
 import json
 import os
 import signal
-from impala_jax.runtime import distributed
+from impala_jax.runtime.process import distributed
 for args, needle in [
     (("nohost", 2, 0), "HOST:PORT"),
     (("127.0.0.1:1234", 2, 5), "process_id=5 must be in [0, 2)"),
@@ -317,7 +317,7 @@ def test_a_process_stopped_inside_the_same_collective_is_named(monkeypatch, live
     # out in: its count equals ours, and only its silence tells it apart.
     from types import SimpleNamespace
 
-    from impala_jax.runtime import distributed
+    from impala_jax.runtime.process import distributed
 
     monkeypatch.setattr(distributed, "_client", lambda: _Progress(live))
     monkeypatch.setattr(distributed, "process_count", lambda: 2)
@@ -349,7 +349,7 @@ class _SlowPosts:
 def test_the_exit_stops_the_watchdog_before_jax_shuts_its_client(monkeypatch):
     # A post still in flight when JAX's shutdown frees the client aborted process 0 from C++
     # ('terminate called after throwing', about 1 run in 13 on a loaded machine).
-    from impala_jax.runtime import distributed
+    from impala_jax.runtime.process import distributed
 
     client = _SlowPosts()
     monkeypatch.setattr(distributed, "_client", lambda: client)

@@ -8,9 +8,9 @@ import inspect
 import pytest
 
 from impala_jax import IMPALAConfig
-from impala_jax.runtime.device_runner import DeviceEngine
+from impala_jax.runtime.acting.host_engine import AgreedHostEngine, HostEngine
 from impala_jax.runtime.engine import Engine
-from impala_jax.runtime.host_engine import AgreedHostEngine, HostEngine
+from impala_jax.runtime.ondevice.device_engine import DeviceEngine
 
 
 def _methods(cls) -> set[str]:

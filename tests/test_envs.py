@@ -17,7 +17,7 @@ import pytest
 from gymnasium.envs.registration import load_env_creator
 
 from impala_jax import IMPALA, IMPALAConfig
-from impala_jax.runtime import env_registry, vec_env
+from impala_jax.runtime.envs import env_registry, vec_env
 from tests.fake_envs import ContextEnv
 from tests.test_algorithm import small_config
 
@@ -221,7 +221,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_resolution_imports_ray_never_and_ale_py_on_demand():
     code = """
 import sys
-from impala_jax.runtime.env_registry import choose_env
+from impala_jax.runtime.envs.env_registry import choose_env
 assert choose_env("CartPole-v1").backend == "envpool"
 assert choose_env("tests.fake_envs:ContextEnv").backend == "gymnasium"
 try:
@@ -440,7 +440,7 @@ def test_checkpoints_of_lambda_and_registered_creators(tmp_path, registry):
 def test_is_atari_is_detected_from_the_id_and_clips_rewards(env, atari):
     from impala_jax import IMPALAConfig
     from impala_jax.rllib import specs
-    from impala_jax.runtime.env_registry import is_atari_id
+    from impala_jax.runtime.envs.env_registry import is_atari_id
 
     assert is_atari_id(env) is atari
     config = IMPALAConfig().environment(env)
@@ -456,8 +456,8 @@ def test_envpool_imports_without_its_families_inits_and_still_makes_every_family
     # registered, and making an env imports its real family package.
     code = """
 import sys
-from impala_jax.runtime.env_registry import choose_env, import_envpool
-from impala_jax.runtime.vec_env import EnvpoolVecEnv
+from impala_jax.runtime.envs.env_registry import choose_env, import_envpool
+from impala_jax.runtime.envs.vec_env import EnvpoolVecEnv
 envpool = import_envpool()
 assert "matplotlib" not in sys.modules
 families = ("envpool.atari", "envpool.classic_control", "envpool.jumanji", "envpool.mujoco.gym")

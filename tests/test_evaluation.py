@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from impala_jax.rllib import specs
-from impala_jax.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, split_duration
+from impala_jax.runtime.acting.evaluation import EVAL_SEED_OFFSET, Evaluator, split_duration
 from tests.test_algorithm import small_config
 
 # is_evaluation_env of every step of every ClockEnv, in the order they were taken.

@@ -36,10 +36,10 @@ import pytest
 from impala_jax import IMPALAConfig
 from impala_jax.rllib import specs
 from impala_jax.rllib.config import _FIELD_TO_BUILDER
-from impala_jax.runtime import checkpoint
-from impala_jax.runtime.evaluation import Evaluator
-from impala_jax.runtime.host_actor import HostActor
-from impala_jax.runtime.vec_env import make_vec_env
+from impala_jax.runtime.acting.evaluation import Evaluator
+from impala_jax.runtime.acting.host_actor import HostActor
+from impala_jax.runtime.envs.vec_env import make_vec_env
+from impala_jax.runtime.process import checkpoint
 from tests.fake_envs import SeededFault, make_return_env
 from tests.test_algorithm import small_config
 

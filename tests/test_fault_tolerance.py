@@ -14,8 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from impala_jax.runtime.env_runner_group import EnvRunnerFailure
-from impala_jax.runtime.learner import Learner
+from impala_jax.runtime.acting.env_runner_group import EnvRunnerFailure
+from impala_jax.runtime.learning.learner import Learner
 from tests.fake_envs import FlakyCartPole, NaNRewardEnv, SeededFault
 from tests.test_algorithm import small_config
 from tests.test_learner import make_learner, random_batch
@@ -92,7 +92,7 @@ def test_a_replaced_runners_exited_thread_gives_its_heap_back(monkeypatch):
     # glibc keeps an exited thread's freed pages: each restart kept ~1.3 MiB resident (soak).
     # The real release_free_heap runs; a spy on glibc's malloc_trim records each call, with the
     # failures counted when it came and whether glibc gave pages back (its return value).
-    from impala_jax.runtime import env_runner_group
+    from impala_jax.runtime.acting import env_runner_group
 
     malloc_trim = env_runner_group._malloc_trim()
     assert malloc_trim is not None  # glibc here: the trim is real

@@ -193,7 +193,7 @@ def test_live_panel_and_lines_fit_80_columns():
 def test_custom_env_checkpoint_path_imports_in_a_fresh_python():
     code = (
         "from impala_jax.cli.experiment import load_experiment\n"
-        "from impala_jax.runtime.checkpoint import jsonable\n"
+        "from impala_jax.runtime.process.checkpoint import jsonable\n"
         "config, _ = load_experiment('experiments/custom_env.py')\n"
         "print(jsonable(config.to_dict())['env'])\n"
     )
@@ -206,7 +206,7 @@ def test_custom_env_checkpoint_path_imports_in_a_fresh_python():
     # A user's script in the repository root, as IMPALA.from_checkpoint resolves the env.
     code = (
         "import sys\n"
-        "from impala_jax.runtime.env_registry import choose_env\n"
+        "from impala_jax.runtime.envs.env_registry import choose_env\n"
         f"print(choose_env({env!r}).target.__name__)\n"
     )
     out = subprocess.run(
@@ -248,7 +248,7 @@ class _SamplesOnAlgo:
         }
 
     def save(self, path):
-        from impala_jax.runtime.checkpoint import STATE_FILE
+        from impala_jax.runtime.process.checkpoint import STATE_FILE
 
         self.num_env_steps_sampled_lifetime += 2560
         path.mkdir(parents=True)

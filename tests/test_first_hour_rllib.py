@@ -19,7 +19,7 @@ import pytest
 
 from impala_jax import IMPALAConfig
 from impala_jax.rllib import algorithm
-from impala_jax.runtime import jax_setup
+from impala_jax.runtime.process import jax_setup
 from tests.test_distributed import REPO, _env, _free_port, _kill, _start, _wait
 
 
@@ -61,7 +61,7 @@ def test_cartpole_experiment_runs_unchanged_on_two_processes(tmp_path):
 
 _ONE_BAD_PROCESS = """
 import sys, time
-from impala_jax.runtime import distributed
+from impala_jax.runtime.process import distributed
 distributed.initialize(sys.argv[1], 2, int(sys.argv[2]), collective_timeout_s=60)
 from impala_jax import IMPALAConfig
 config = (
@@ -98,7 +98,7 @@ def test_a_config_error_on_one_process_stops_both_at_once_with_the_same_message(
 
 
 def test_num_learners_zero_is_one_device_per_process():
-    from impala_jax.runtime import parallel
+    from impala_jax.runtime.learning import parallel
 
     assert parallel.learner_device_count(0) == 1 and parallel.learner_device_count(3) == 3
     devices, local = parallel.learner_devices(0)

@@ -12,8 +12,8 @@ import pytest
 
 from impala_jax.core.update import StepSpec
 from impala_jax.rllib import diagnostics
-from impala_jax.runtime.buffers import Batcher, FragmentDoor, stack
-from impala_jax.runtime.env_runner import RunnerThread
+from impala_jax.runtime.acting.env_runner import RunnerThread
+from impala_jax.runtime.learning.buffers import Batcher, FragmentDoor, stack
 from tests.test_algorithm import small_config
 from tests.test_learner import B, make_learner, random_batch
 
@@ -226,7 +226,7 @@ def test_the_door_and_the_replay_write_refuse_the_same_columns():
     import jax.numpy as jnp
 
     from impala_jax.core.update import finite_columns
-    from impala_jax.runtime.buffers import non_finite_columns
+    from impala_jax.runtime.learning.buffers import non_finite_columns
 
     batch = random_batch(0, B)
     batch.reward[3, 1] = np.nan

@@ -14,7 +14,12 @@ from impala_jax.core.distributions import Categorical, make_distribution
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
 from impala_jax.core.networks import make_networks
 from impala_jax.core.policy import make_act_fns
-from impala_jax.runtime.host_actor import AUTO_MAX_MACS, HostActor, act_macs, host_actor_unsupported
+from impala_jax.runtime.acting.host_actor import (
+    AUTO_MAX_MACS,
+    HostActor,
+    act_macs,
+    host_actor_unsupported,
+)
 from tests.fake_envs import ImageCueEnv
 from tests.test_algorithm import small_config
 
@@ -270,7 +275,7 @@ def test_blas_is_held_at_one_thread_while_a_numpy_actor_runs():
 def test_acting_yields_the_gil_unless_the_envs_release_it(monkeypatch):
     # A NumPy act yields the GIL once per call (a pure-Python env's runner would keep it), but
     # not for envpool, which releases it while its threads step (host_actor.no_gil_yield).
-    from impala_jax.runtime import host_actor
+    from impala_jax.runtime.acting import host_actor
     from tests.test_evaluation import ClockEnv
 
     yields = []
@@ -318,7 +323,7 @@ def test_a_numpy_actor_in_a_runner_thread_acts_with_computed_params_only(monkeyp
     # of the runner thread's time in CartPole training): it acts with the newest computed ones
     # of the last two publications, else with those it acted with if at most MAX_ACTING_LAG
     # versions behind; a fragment's version is the one that acted.
-    from impala_jax.runtime.env_runner import EnvRunner, ParamStore
+    from impala_jax.runtime.acting.env_runner import EnvRunner, ParamStore
 
     monkeypatch.setattr(ParamStore, "_to_actor", lambda self, params: params)
     store = ParamStore({"w": _Leaf(True)}, None)

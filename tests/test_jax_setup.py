@@ -56,7 +56,7 @@ def test_initialize_lapack_skips_scipys_package_inits_and_leaves_the_real_scipy_
         """
 import sys
 import jax
-from impala_jax.runtime.jax_setup import initialize_lapack
+from impala_jax.runtime.process.jax_setup import initialize_lapack
 initialize_lapack()
 assert not [m for m in sys.modules if m == "scipy" or m.startswith("scipy.")], sorted(sys.modules)
 """
@@ -77,13 +77,15 @@ np.testing.assert_allclose(np.abs(scipy.linalg.qr(a, mode="economic")[0]), np.ab
 def test_initialize_lapack_falls_back_to_jaxlibs_own_import():
     # scipy already imported: nothing to skip. A scipy the stand-ins cannot load from (here a
     # wrong path): jaxlib's own initialisation, and no stand-in left behind.
-    already = "import scipy.linalg\nfrom impala_jax.runtime.jax_setup import initialize_lapack\n"
+    already = (
+        "import scipy.linalg\nfrom impala_jax.runtime.process.jax_setup import initialize_lapack\n"
+    )
     proc = _python(already + "initialize_lapack()\n" + _QR_AGAINST_NUMPY)
     assert proc.returncode == 0, proc.stderr[-3000:]
     broken = (
         """
 import importlib.util, sys
-from impala_jax.runtime.jax_setup import initialize_lapack
+from impala_jax.runtime.process.jax_setup import initialize_lapack
 real = importlib.util.find_spec
 def find_spec(name, *args):
     spec = real(name, *args)

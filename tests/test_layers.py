@@ -227,7 +227,7 @@ CONFIG_NAME = re.compile(r"(^|_)(config|cfg)$")
 CONFIG_DICTS = {"model_config", "env_config", "evaluation_config"}
 NOT_THE_CONFIG = {
     "jax.config",  # JAX's flags
-    "env.config",  # an envpool env's own options (runtime/vec_env.py)
+    "env.config",  # an envpool env's own options (runtime/envs/vec_env.py)
 }
 SHARED_NAMES = {
     *("get", "items", "keys", "values", "copy"),  # IMPALAConfig reads like a dict, as RLlib's

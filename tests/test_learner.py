@@ -14,8 +14,8 @@ from impala_jax.core.networks import make_networks
 from impala_jax.core.optim import OptimizerSpec
 from impala_jax.core.types import Trajectory
 from impala_jax.core.update import Replay, StepSpec, _uniform_index, mix_replay
-from impala_jax.runtime import parallel
-from impala_jax.runtime.learner import Learner
+from impala_jax.runtime.learning import parallel
+from impala_jax.runtime.learning.learner import Learner
 
 T, B = 4, 8
 OBS = gym.spaces.Box(-1, 1, (4,), np.float32)
@@ -351,7 +351,7 @@ def test_training_continues_past_2_31_env_steps_with_its_lr_schedule(tmp_path):
 def test_unrolled_minibatch_updates_equal_the_scanned_ones(monkeypatch):
     # A conv network on CPU runs its updates unrolled (lax.scan is ~10x slower there); two
     # epochs of two shuffled minibatches must give the scan's params and metrics.
-    from impala_jax.runtime import learner as learner_module
+    from impala_jax.runtime.learning import learner as learner_module
 
     obs_space = gym.spaces.Box(0, 255, (10, 10, 2), np.uint8)
     rng = np.random.default_rng(0)

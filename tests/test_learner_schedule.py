@@ -19,7 +19,7 @@ from impala_jax.core.distributions import make_distribution
 from impala_jax.core.networks import make_networks
 from impala_jax.core.types import LearnerState
 from impala_jax.core.update import StepSpec, make_learner_step
-from impala_jax.runtime import parallel
+from impala_jax.runtime.learning import parallel
 from tests.test_learner import random_batch
 
 T, B = 4, 8

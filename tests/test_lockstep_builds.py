@@ -1,6 +1,6 @@
 """Lockstep (``num_env_runners=0``) with a fixed seed repeats bit for bit however often it is
 built: twice in one process, in a fresh process, and with the compilation cache and the
-program cache (impala_jax.runtime.program_cache) cold or warm (issue 44, item 3)."""
+program cache (impala_jax.runtime.learning.program_cache) cold or warm (issue 44, item 3)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def child_main(cache: str, builds: str) -> None:
     """The fingerprints of ``builds`` builds in a fresh process, printed as JSON; ``cache``:
     the compilation cache's folder, or "none"."""
     if cache != "none":
-        from impala_jax.runtime.jax_setup import enable_compile_cache
+        from impala_jax.runtime.process.jax_setup import enable_compile_cache
 
         enable_compile_cache(cache)
     print(json.dumps([fingerprint() for _ in range(int(builds))]))

@@ -20,7 +20,7 @@ from impala_jax.core.optim import OptimizerSpec
 from impala_jax.core.update import StepSpec
 from impala_jax.core.vtrace import vtrace
 from impala_jax.rllib.diagnostics import stalled_step_message
-from impala_jax.runtime.learner import Learner
+from impala_jax.runtime.learning.learner import Learner
 from tests.test_learner import ACT, OBS, B, random_batch
 
 # The IMPALA paper's Atari RMSProp (arXiv:1802.01561, table G.1): lr 6e-4, decay 0.99,

@@ -12,7 +12,9 @@ import pytest
 import impala_jax
 from impala_jax import IMPALAConfig
 from impala_jax.core.networks import Networks, make_networks
-from impala_jax.runtime import acting, checkpoint, program_cache
+from impala_jax.runtime.acting.network_factory import resolve_factory
+from impala_jax.runtime.learning import program_cache
+from impala_jax.runtime.process import checkpoint
 
 WIDTH = 24  # no impala_jax default has this width
 
@@ -99,7 +101,7 @@ def test_a_custom_factory_builds_the_learners_and_the_actors_networks(tmp_path, 
     assert FACTORY_PATH in repr(meta["config"])  # stored by its import path
     with impala_jax.IMPALA.from_checkpoint(path) as restored:
         factory = restored.config.get_default_rl_module_spec().factory
-        assert acting.resolve_factory(factory) is tiny_factory
+        assert resolve_factory(factory) is tiny_factory
         assert restored.policy.custom
         jax.tree.map(
             np.testing.assert_array_equal, restored.get_weights()["default_policy"], params
@@ -117,7 +119,7 @@ def test_an_import_path_names_the_factory():
 @pytest.mark.timeout(120)
 def test_the_default_builds_impala_jaxs_own_networks():
     # None, or impala_jax's own make_networks by name: no user factory either way.
-    assert acting.resolve_factory(IMPALAConfig().get_default_rl_module_spec().factory) is None
+    assert resolve_factory(IMPALAConfig().get_default_rl_module_spec().factory) is None
     with factory_config(factory=None).build() as algo:
         assert not algo.policy.custom
         params = algo.get_weights()["default_policy"]
@@ -129,10 +131,10 @@ def test_the_default_builds_impala_jaxs_own_networks():
 
 
 def test_resolve_factory():
-    assert acting.resolve_factory(None) is None
-    assert acting.resolve_factory(make_networks) is None  # impala_jax's own
-    assert acting.resolve_factory("impala_jax.core.networks.make_networks") is None
-    assert acting.resolve_factory(FACTORY_PATH) is tiny_factory
-    assert acting.resolve_factory("tests.test_network_factory.tiny_factory") is tiny_factory
+    assert resolve_factory(None) is None
+    assert resolve_factory(make_networks) is None  # impala_jax's own
+    assert resolve_factory("impala_jax.core.networks.make_networks") is None
+    assert resolve_factory(FACTORY_PATH) is tiny_factory
+    assert resolve_factory("tests.test_network_factory.tiny_factory") is tiny_factory
     with pytest.raises(ValueError, match="cannot import"):
-        acting.resolve_factory("tests.test_network_factory:no_such_factory")
+        resolve_factory("tests.test_network_factory:no_such_factory")

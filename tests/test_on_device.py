@@ -11,8 +11,8 @@ import pytest
 from impala_jax import IMPALAConfig
 from impala_jax.core.rollout import make_rollout, reset_envs
 from impala_jax.rllib import specs
-from impala_jax.runtime.env_runner import EnvRunner, ParamStore
-from impala_jax.runtime.jax_envs import make_jax_env
+from impala_jax.runtime.acting.env_runner import EnvRunner, ParamStore
+from impala_jax.runtime.envs.jax_envs import make_jax_env
 
 ENV = "gymnax:CartPole-v1"
 
@@ -258,7 +258,7 @@ def test_making_a_gymnax_env_imports_only_its_module():
 
     code = (
         "import sys\n"
-        "from impala_jax.runtime.jax_envs import make_jax_env\n"
+        "from impala_jax.runtime.envs.jax_envs import make_jax_env\n"
         "make_jax_env('gymnax:CartPole-v1')\n"
         "heavy = [m for m in ('seaborn', 'matplotlib.pyplot', 'gymnax.registration') "
         "if m in sys.modules]\n"
@@ -330,7 +330,7 @@ def test_a_ray_tune_trial_trains_on_device_and_restores(tmp_path):
 def test_a_second_build_loads_the_stored_device_program(tmp_path, monkeypatch):
     """With the program cache on, the rollout-and-update program is traced once and stored; a
     second build loads it and trains bit for bit as the first."""
-    from impala_jax.runtime import program_cache
+    from impala_jax.runtime.learning import program_cache
 
     monkeypatch.setattr(program_cache, "directory", lambda: tmp_path)
     sources, params = [], []

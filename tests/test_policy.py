@@ -16,7 +16,7 @@ from impala_jax.core.policy import RecurrentActor, act, initial_carry, make_act_
 from impala_jax.core.recurrent import make_recurrent_networks
 from impala_jax.core.rollout import make_policy_fn
 from impala_jax.rllib.module import Module
-from impala_jax.runtime.host_actor import HostActor
+from impala_jax.runtime.acting.host_actor import HostActor
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 SPACES = {"discrete": gym.spaces.Discrete(5), "box": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)}

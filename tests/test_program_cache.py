@@ -1,6 +1,6 @@
-"""impala_jax.runtime.program_cache: a stored learner step is the same program as a freshly traced
-one, on one device and on two, and a different config, a damaged file or user code in the model
-config never gets a stored program that is not its own."""
+"""impala_jax.runtime.learning.program_cache: a stored learner step is the same program as a
+freshly traced one, on one device and on two, and a different config, a damaged file or user code
+in the model config never gets a stored program that is not its own."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from impala_jax.core.losses import LossSpec
 from impala_jax.core.networks import make_networks
 from impala_jax.core.optim import OptimizerSpec
 from impala_jax.core.update import StepSpec
-from impala_jax.runtime import program_cache
-from impala_jax.runtime.learner import Learner
+from impala_jax.runtime.learning import program_cache
+from impala_jax.runtime.learning.learner import Learner
 from tests.test_learner import ACT, OBS, B, random_batch
 
 MODEL = {"fcnet_hiddens": [8]}
@@ -113,7 +113,7 @@ def test_a_batch_unlike_the_warm_up_example_is_compiled_for_not_refused(caplog):
     learner = make_learner(cached=False, warm_up=False)
     odd = random_batch(99)
     learner.warm_up(odd._replace(reward=odd.reward.astype(np.float16)))
-    with caplog.at_level("WARNING", logger="impala_jax.runtime.learner"):
+    with caplog.at_level("WARNING", logger="impala_jax.runtime.learning.learner"):
         assert_same(plain, train(learner))
     assert "compiled for ahead of time" in caplog.text
     assert learner._compiled is None and learner._step._cache_size() == 1

@@ -493,7 +493,7 @@ def test_env_registered_with_impala_jax_reaches_trials(ray_local, tmp_path):
     import gymnasium as gym
 
     from impala_jax import register_env
-    from impala_jax.runtime.env_registry import REGISTERED
+    from impala_jax.runtime.envs.env_registry import REGISTERED
 
     register_env("cartpole_from_the_driver", lambda ctx: gym.make("CartPole-v1"))
     try:

@@ -11,7 +11,7 @@ import pytest
 import impala_jax
 from impala_jax import IMPALAConfig, RLModuleSpec
 from impala_jax.rllib.module_spec import DEFAULT_FACTORY
-from impala_jax.runtime import checkpoint
+from impala_jax.runtime.process import checkpoint
 
 FACTORY_PATH = "tests.test_rl_module_spec:my_factory"
 
@@ -155,12 +155,12 @@ def test_a_search_space_is_carried_until_a_trial_resolves_it():
     ],
 )
 def test_validate_and_the_runners_resolve_a_factory_alike(factory, names):
-    # One resolution (runtime/network_factory.py): a factory validate() passes is one the
+    # One resolution (runtime/acting/network_factory.py): a factory validate() passes is one the
     # runners and the learner can build with, and the reverse.
-    from impala_jax.runtime import acting
+    from impala_jax.runtime.acting.network_factory import resolve_factory
 
     try:
-        resolved = acting.resolve_factory(factory)
+        resolved = resolve_factory(factory)
     except ValueError:
         resolved = "nothing"
     assert {None: "own", my_factory: "custom"}.get(resolved, resolved) == names

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 
-from impala_jax.runtime.jax_setup import DEFAULT_COMPILE_CACHE
+from impala_jax.runtime.process.jax_setup import DEFAULT_COMPILE_CACHE
 
 DESCRIPTION = """\
 Trains the config an experiment file defines until a stop criterion is met.

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from impala_jax.cli.errors import RunError, one_line
-from impala_jax.runtime import distributed
-from impala_jax.runtime.jax_setup import force_host_devices
+from impala_jax.runtime.process import distributed
+from impala_jax.runtime.process.jax_setup import force_host_devices
 
 if TYPE_CHECKING:
     from impala_jax.cli.display import Display

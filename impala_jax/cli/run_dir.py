@@ -14,7 +14,7 @@ from typing import Any
 
 from impala_jax.cli import loggers
 from impala_jax.cli.errors import RunError, one_line
-from impala_jax.runtime.checkpoint import write_atomic
+from impala_jax.runtime.process.checkpoint import write_atomic
 
 RUN_FILE = "run.json"
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
@@ -46,7 +46,7 @@ def checkpoint_path(run_dir: Path, iteration: int) -> Path:
 
 def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints of a run directory, oldest first."""
-    from impala_jax.runtime.checkpoint import STATE_FILE
+    from impala_jax.runtime.process.checkpoint import STATE_FILE
 
     found = []
     for path in Path(run_dir).iterdir() if Path(run_dir).is_dir() else ():
@@ -102,7 +102,7 @@ def checkpoint_or_warn(
 
 def intact(checkpoint: Path) -> str | None:
     """None when ``checkpoint`` reads back as written, else why not (naming the file)."""
-    from impala_jax.runtime.checkpoint import STATE_FILE, CorruptCheckpoint, verify
+    from impala_jax.runtime.process.checkpoint import STATE_FILE, CorruptCheckpoint, verify
 
     try:
         verify(checkpoint)
@@ -139,7 +139,7 @@ def resume_point(run_dir: Path) -> tuple[dict, Path]:
 def checkpoint_config(checkpoint: Path):
     """The IMPALAConfig a checkpoint was saved with."""
     from impala_jax.rllib.config import IMPALAConfig
-    from impala_jax.runtime.checkpoint import STATE_FILE
+    from impala_jax.runtime.process.checkpoint import STATE_FILE
 
     meta = json.loads((checkpoint / STATE_FILE).read_text())
     try:
@@ -150,7 +150,7 @@ def checkpoint_config(checkpoint: Path):
 
 def checkpoint_steps(checkpoint: Path | None) -> int | None:
     """The env steps sampled that ``checkpoint`` holds (None without a readable one)."""
-    from impala_jax.runtime.checkpoint import STATE_FILE
+    from impala_jax.runtime.process.checkpoint import STATE_FILE
 
     try:
         meta = json.loads((Path(checkpoint) / STATE_FILE).read_text())

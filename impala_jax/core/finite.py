@@ -1,9 +1,9 @@
 """What counts as a non-finite column of a batch: one rule, written once for an array module.
 
-The runners' fragment door (`runtime/buffers.py`) applies it with NumPy on the host, to drop a
-fragment before it is batched; the learner step (`core/update.py`) applies it with `jax.numpy`
-inside the compiled program, to keep a column that got past the door out of the replay ring.
-Both must call the same thing non-finite, or a fragment the door lets through could be one the
+The runners' fragment door (`runtime/learning/buffers.py`) applies it with NumPy on the host, to
+drop a fragment before it is batched; the learner step (`core/update.py`) applies it with
+`jax.numpy` inside the compiled program, to keep a column that got past the door out of the replay
+ring. Both must call the same thing non-finite, or a fragment the door lets through could be one the
 replay write refuses (or the reverse).
 """
 

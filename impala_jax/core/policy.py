@@ -11,8 +11,8 @@ mode. Its callers differ only in arguments:
   env's actions do not depend on how the envs are split over devices;
 - ``Module.compute_actions`` (``rllib/module.py``) samples with the key it is given.
 
-The NumPy actor (``runtime/host_actor.py``) is a second backend of the same contract for small
-MLP policies: its ``act(params, obs, rng, explore)`` returns the same triple, and its
+The NumPy actor (``runtime/acting/host_actor.py``) is a second backend of the same contract for
+small MLP policies: its ``act(params, obs, rng, explore)`` returns the same triple, and its
 ``__call__``/``greedy`` have the jitted actor's signatures.
 """
 

@@ -2,7 +2,7 @@
 
 A ``JaxEnv`` is a pure env without autoreset: ``reset(key) -> (obs, state)`` and
 ``step(key, state, action) -> (obs, state, reward, terminated, truncated)`` for one env
-(runtime/jax_envs.py adapts gymnax's). ``step_envs`` steps a batch of them with the next-step
+(runtime/envs/jax_envs.py adapts gymnax's). ``step_envs`` steps a batch of them with the next-step
 autoreset of envpool and gymnasium (types.py): the step that ends an episode returns its final
 observation, the step after it ignores the action and returns the reset observation with
 reward 0. So a fragment from ``make_rollout`` has the host runners' layout row for row, and

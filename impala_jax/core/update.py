@@ -4,7 +4,7 @@ One step consumes a batch of ``train_batch_size_per_learner`` env steps per devi
 ``[T+1, B]``), mixes in replayed columns from the device-resident replay slots
 (``replay_proportion``), and runs ``num_epochs`` passes of minibatch updates inside the same
 compiled program (``lax.scan``, or unrolled: ``max_unrolled_updates``). Grads and metrics are
-averaged over ``LEARNER_AXIS``. runtime/learner.py wraps it over the mesh and compiles it.
+averaged over ``LEARNER_AXIS``. runtime/learning/learner.py wraps it over the mesh and compiles it.
 """
 
 from __future__ import annotations

@@ -26,19 +26,21 @@ from impala_jax.rllib.checkpointable import Checkpointable
 from impala_jax.rllib.checks import start_together
 from impala_jax.rllib.module import DEFAULT_MODULE_ID, Actions, Module
 from impala_jax.rllib.training_loop import TrainingLoop
-from impala_jax.runtime import acting, distributed, parallel, program_cache
+from impala_jax.runtime.acting.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
+from impala_jax.runtime.acting.evaluation import Evaluator
+from impala_jax.runtime.acting.host_actor import hold_one_blas_thread, release_blas_threads
+from impala_jax.runtime.acting.host_engine import AgreedHostEngine, HostEngine
+from impala_jax.runtime.acting.policy import make_policy
 from impala_jax.runtime.callbacks import Callbacks, UserCodeError
-from impala_jax.runtime.device_runner import DeviceEngine
 from impala_jax.runtime.engine import Engine
-from impala_jax.runtime.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
-from impala_jax.runtime.evaluation import Evaluator
-from impala_jax.runtime.host_actor import hold_one_blas_thread, release_blas_threads
-from impala_jax.runtime.host_engine import AgreedHostEngine, HostEngine
-from impala_jax.runtime.jax_envs import is_jax_env, make_jax_env
-from impala_jax.runtime.jax_setup import use_compile_cache
-from impala_jax.runtime.learner import Learner, run_keys
+from impala_jax.runtime.envs.jax_envs import is_jax_env, make_jax_env
+from impala_jax.runtime.envs.vec_env import ActionAdapter, make_vec_env
+from impala_jax.runtime.learning import parallel, program_cache
+from impala_jax.runtime.learning.learner import Learner, run_keys
 from impala_jax.runtime.metrics_logger import MetricsLogger, deep_merge
-from impala_jax.runtime.vec_env import ActionAdapter, make_vec_env
+from impala_jax.runtime.ondevice.device_engine import DeviceEngine
+from impala_jax.runtime.process import distributed
+from impala_jax.runtime.process.jax_setup import use_compile_cache
 
 # Algorithms not stopped by their users: stopped at interpreter exit, before daemon runner
 # threads are killed inside envpool's C++ (which aborts the process).
@@ -90,8 +92,8 @@ class IMPALA(TrainingLoop, Checkpointable):
         learner_key, actor_key = run_keys(seed)
         self._seed = seed
 
-        # Over several processes (impala_jax.runtime.distributed): each samples its own envs,
-        # counts are agreed before every update (AgreedHostEngine) and process 0 writes and
+        # Over several processes (impala_jax.runtime.process.distributed): each samples its own
+        # envs, counts are agreed before every update (AgreedHostEngine) and process 0 writes and
         # evaluates.
         self._processes = jax.process_count()
         self._primary = jax.process_index() == 0
@@ -129,9 +131,7 @@ class IMPALA(TrainingLoop, Checkpointable):
         probe.close()
         self.observation_space, self.action_space = obs_space, act_space
         factory = getattr(config.get_default_rl_module_spec(), "factory", None)
-        policy = acting.make_policy(
-            specs.policy_spec(config), obs_space, act_space, actor_device, factory
-        )
+        policy = make_policy(specs.policy_spec(config), obs_space, act_space, actor_device, factory)
         self.policy = policy
         self.networks, self.distribution = policy.networks, policy.distribution
         self.recurrent = policy.recurrent

@@ -16,8 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from impala_jax.runtime import checkpoint, distributed
-from impala_jax.runtime.import_path import import_object, split_import_path
+from impala_jax.runtime.process import checkpoint, distributed
+from impala_jax.runtime.process.import_path import import_object, split_import_path
 
 # state.json's key of the config's class ("module:qualname"); a checkpoint written before it
 # existed holds an IMPALAConfig.
@@ -161,7 +161,7 @@ class Checkpointable:
         """Builds the checkpoint's config and restores its state. ``env`` replaces the
         checkpoint's env: needed when that was a lambda or local function, which a checkpoint
         stores only by name (a name given to register_env must be registered again)."""
-        from impala_jax.runtime.env_registry import check_restorable
+        from impala_jax.runtime.envs.env_registry import check_restorable
 
         path = checkpoint.path_of(path)
         if jax.process_count() > 1:  # process 0 reads it (restore_from_path)

@@ -141,7 +141,9 @@ SETTER_CHECKS = {
 def start_together(config: Any, error: BaseException | None) -> None:
     """Raises ``error``; over several processes, the first collective: one process's error
     (or configs that differ) raises on every one, so that none waits for a peer that quit."""
-    from impala_jax.runtime import checkpoint, distributed, parallel  # here: they import JAX
+    # Imported here: they import JAX.
+    from impala_jax.runtime.learning import parallel
+    from impala_jax.runtime.process import checkpoint, distributed
 
     if parallel.joined_processes() > 1:
         distributed.check_same_config(checkpoint.jsonable(config.to_dict()), error)

@@ -498,7 +498,10 @@ NOT_HERE: dict[str, tuple[Any, str]] = {
     ),
     "env_runner_cls": (
         None,
-        "not supported yet: runners are impala_jax.runtime.env_runner.EnvRunner",
+        "not supported yet: runners are impala_jax.runtime.acting.env_runner.EnvRunner",
     ),
-    "learner_class": (None, "not supported yet: the learner is impala_jax.runtime.learner.Learner"),
+    "learner_class": (
+        None,
+        "not supported yet: the learner is impala_jax.runtime.learning.learner.Learner",
+    ),
 }

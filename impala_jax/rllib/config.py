@@ -84,7 +84,7 @@ class IMPALAConfig(RLlibBuilders):
         self.action_mask_key = "action_mask"  # no Dict obs yet: others are a ValueError
 
         # .env_runners()
-        self.env_runner_cls = None  # impala_jax.runtime.env_runner.EnvRunner; others: ValueError
+        self.env_runner_cls = None  # runtime.acting.env_runner.EnvRunner; others: ValueError
         self.num_env_runners = 2  # actor threads; 0 = sample in the main thread, in lockstep
         self.num_envs_per_env_runner = 1  # envs in each runner's vectorised env
         self.gym_env_vectorize_mode = "sync"  # gymnasium.vector mode for non-envpool envs
@@ -139,7 +139,7 @@ class IMPALAConfig(RLlibBuilders):
         self.num_epochs = 1  # passes over each train batch
         self.minibatch_size = None  # env steps per SGD step; None = the whole batch
         self.shuffle_batch_per_epoch = False  # shuffle fragments between epochs
-        self.learner_class = None  # impala_jax.runtime.learner.Learner; others: ValueError
+        self.learner_class = None  # runtime.learning.learner.Learner; others: ValueError
 
         # .learners()
         self.num_learners = 1  # learner devices (data parallel); 0 = 1 device, no collectives
@@ -514,7 +514,8 @@ class IMPALAConfig(RLlibBuilders):
         """Env steps per update over all learners: per-learner batch * learner devices
         (num_learners; 0: one, or one of each process over several)."""
         self._resolved("train_batch_size", "train_batch_size_per_learner", "num_learners")
-        from impala_jax.runtime.parallel import learner_device_count  # here: it imports JAX
+        # Imported here: it imports JAX.
+        from impala_jax.runtime.learning.parallel import learner_device_count
 
         return self.train_batch_size_per_learner * learner_device_count(self.num_learners)
 
@@ -578,7 +579,7 @@ class IMPALAConfig(RLlibBuilders):
         return self._resolve_schedule("entropy_coeff", "entropy_coeff_schedule")
 
     def get_default_learner_class(self) -> str:
-        return "impala_jax.runtime.learner.Learner"
+        return "impala_jax.runtime.learning.learner.Learner"
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         """What the networks are built from: the factory of ``rl_module_spec`` (impala_jax's

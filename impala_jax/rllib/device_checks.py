@@ -1,10 +1,10 @@
 """The config's rules for an env written in JAX (``"gymnax:<id>"``), which trains on device.
 
 Acting, env stepping and the update run in one compiled program there
-(runtime/device_runner.py): a field that shapes host threads, queues or per-step Python calls
-either has no meaning there or cannot be honoured, and each such value is an error naming the
-field. Fields that only size host transport (``num_gpu_loader_threads``,
-``learner_queue_size``) are accepted and noted at build, as there is no host batch to move.
+(runtime/ondevice/device_engine.py): a field that shapes host threads, queues or per-step Python
+calls either has no meaning there or cannot be honoured, and each such value is an error naming the
+field. Fields that only size host transport (``num_gpu_loader_threads``, ``learner_queue_size``) are
+accepted and noted at build, as there is no host batch to move.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def check_device_fields(v: Any) -> None:
     field that cannot take its value with the config's env."""
     # Imported here: the config imports this module, and importing the config stays free of
     # gymnasium and NumPy (the command line reports a missing one in a line of its own).
-    from impala_jax.runtime.jax_envs import is_jax_env
+    from impala_jax.runtime.envs.jax_envs import is_jax_env
 
     if not v.ok("env", "policy_lag"):
         return

@@ -72,9 +72,9 @@ class Module:
 
 
 class Actions:
-    """Env actions from the runners' actor (``policy``: acting.Policy) on the newest published
-    params, mapped to the env's action space by ``adapter``; ``key`` starts the stream of
-    exploration keys."""
+    """Env actions from the runners' actor (``policy``: acting.policy.Policy) on the newest
+    published params, mapped to the env's action space by ``adapter``; ``key`` starts the stream
+    of exploration keys."""
 
     def __init__(self, policy, param_store, adapter, key):
         self._policy = policy

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from impala_jax.rllib.values import is_search_space
-from impala_jax.runtime.network_factory import OWN_FACTORY, is_own_factory, resolve_factory
+from impala_jax.runtime.acting.network_factory import OWN_FACTORY, is_own_factory, resolve_factory
 
 # impala_jax's own network factory, as `IMPALAConfig.get_default_rl_module_spec()` names it.
 DEFAULT_FACTORY = OWN_FACTORY

@@ -203,7 +203,7 @@ def trial_jax_environment(gpus: float, num_learners: int) -> None:
     ``impala_jax.run --devices``). GPUs: only those Ray assigned to this trial are visible, and
     memory is allocated on demand (``XLA_PYTHON_CLIENT_PREALLOCATE=false``).
     """
-    from impala_jax.runtime.jax_setup import (
+    from impala_jax.runtime.process.jax_setup import (
         COMPILE_CACHE_ENV,
         DEFAULT_COMPILE_CACHE,
         enable_compile_cache,
@@ -219,7 +219,7 @@ def trial_jax_environment(gpus: float, num_learners: int) -> None:
     elif gpus == 0:
         os.environ["JAX_PLATFORMS"] = "cpu"
         if num_learners > 1:
-            from impala_jax.runtime.jax_setup import force_host_devices
+            from impala_jax.runtime.process.jax_setup import force_host_devices
 
             force_host_devices(num_learners)
         if "jax" in sys.modules:  # imported but not started: its flags were read at import
@@ -244,7 +244,7 @@ def register() -> None:
 def share_env(config: Mapping[str, Any]) -> None:
     """A trial's env named with impala_jax.register_env goes into Tune's registry too, which
     Ray ships to the trial's process (only then: Tune's registry outlives impala_jax's)."""
-    from impala_jax.runtime.env_registry import REGISTERED
+    from impala_jax.runtime.envs.env_registry import REGISTERED
 
     name = config.get("env")
     if not isinstance(name, str) or name not in REGISTERED:

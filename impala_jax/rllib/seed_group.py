@@ -1,13 +1,13 @@
 """Several seeds of one on-device run side by side, in one compiled program.
 
 ``SeedGroup(config, seeds=[0, 1, 2, 3])`` for an env written in JAX (``"gymnax:<id>"``) is the
-device engine (runtime/device_runner.py) over a member axis: every seed's learner state, replay
-slots, envs and acting params carry a leading seed axis, and one dispatch of one compiled
-program trains all seeds, each from what ``debugging(seed=s)`` gives a run alone (its learner
-key, its envs' keys). ``train()`` is ``IMPALA``'s iteration loop (rllib/training_loop.py) and
-returns one result per seed, with ``IMPALA.train()``'s keys and a ``seed`` key. It is for
-studies that run many seeds of a small problem (a learning curve with its spread, a sweep's
-repeats); a run's checkpoints, evaluation and callbacks are ``IMPALA``'s.
+device engine (runtime/ondevice/device_engine.py) over a member axis: every seed's learner state,
+replay slots, envs and acting params carry a leading seed axis, and one dispatch of one compiled
+program trains all seeds, each from what ``debugging(seed=s)`` gives a run alone (its learner key,
+its envs' keys). ``train()`` is ``IMPALA``'s iteration loop (rllib/training_loop.py) and returns one
+result per seed, with ``IMPALA.train()``'s keys and a ``seed`` key. It is for studies that run many
+seeds of a small problem (a learning curve with its spread, a sweep's repeats); a run's checkpoints,
+evaluation and callbacks are ``IMPALA``'s.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import jax
 from impala_jax.rllib import specs
 from impala_jax.rllib.module import DEFAULT_MODULE_ID
 from impala_jax.rllib.training_loop import TrainingLoop
-from impala_jax.runtime import acting, parallel
-from impala_jax.runtime.device_runner import DeviceEngine
-from impala_jax.runtime.jax_envs import is_jax_env, make_jax_env
-from impala_jax.runtime.learner import Learner, run_keys
+from impala_jax.runtime.acting.policy import make_policy
+from impala_jax.runtime.envs.jax_envs import is_jax_env, make_jax_env
+from impala_jax.runtime.learning import parallel
+from impala_jax.runtime.learning.learner import Learner, run_keys
+from impala_jax.runtime.ondevice.device_engine import DeviceEngine
 
 
 class SeedGroup(TrainingLoop):
@@ -45,7 +46,7 @@ class SeedGroup(TrainingLoop):
         devices, local = parallel.learner_devices(config.num_learners)
         factory = getattr(config.get_default_rl_module_spec(), "factory", None)
         spaces = (env.observation_space, env.action_space)
-        policy = acting.make_policy(specs.policy_spec(config), *spaces, local[0], factory)
+        policy = make_policy(specs.policy_spec(config), *spaces, local[0], factory)
         step = specs.step_spec(config, len(devices))
         keys = [run_keys(s)[0] for s in seeds]  # each seed's learner key, as IMPALA's
         optimizer, loss = specs.optimizer_spec(config), specs.loss_spec(config)

@@ -12,15 +12,15 @@ import math
 from impala_jax.core.losses import LossSpec
 from impala_jax.core.optim import OptimizerSpec
 from impala_jax.core.update import StepSpec
-from impala_jax.runtime.acting import PolicySpec
-from impala_jax.runtime.buffers import LoaderSpec
+from impala_jax.runtime.acting.env_runner import RunnerSpec
+from impala_jax.runtime.acting.env_runner_group import FaultToleranceSpec
+from impala_jax.runtime.acting.evaluation import EvaluationSpec
+from impala_jax.runtime.acting.policy import PolicySpec
 from impala_jax.runtime.callbacks import CALLBACK_KEYWORDS, CallbacksSpec
 from impala_jax.runtime.engine import DeviceSpec, HostEngineSpec
-from impala_jax.runtime.env_runner import RunnerSpec
-from impala_jax.runtime.env_runner_group import FaultToleranceSpec
-from impala_jax.runtime.evaluation import EvaluationSpec
-from impala_jax.runtime.parallel import learner_device_count
-from impala_jax.runtime.vec_env import EnvSpec
+from impala_jax.runtime.envs.vec_env import EnvSpec
+from impala_jax.runtime.learning.buffers import LoaderSpec
+from impala_jax.runtime.learning.parallel import learner_device_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +112,7 @@ def clip_rewards(config):
         # RLlib clips Atari rewards by default; is_atari=None: detected from the env id.
         is_atari = config.is_atari
         if is_atari is None:
-            from impala_jax.runtime.env_registry import is_atari_id
+            from impala_jax.runtime.envs.env_registry import is_atari_id
 
             is_atari = is_atari_id(config.env)
         return True if is_atari else None
@@ -120,7 +120,7 @@ def clip_rewards(config):
 
 
 def device_spec(config) -> DeviceSpec:
-    """An on-device run's rollout (runtime/device_runner.py)."""
+    """An on-device run's rollout (runtime/ondevice/device_engine.py)."""
     return DeviceSpec(
         env=str(config.env),
         num_envs=config.num_envs_per_env_runner * max(1, config.num_env_runners),

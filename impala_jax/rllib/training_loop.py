@@ -16,7 +16,6 @@ import jax
 import numpy as np
 
 from impala_jax.rllib.module import DEFAULT_MODULE_ID
-from impala_jax.runtime import checkpoint, distributed
 from impala_jax.runtime.engine import Engine
 from impala_jax.runtime.metrics import (
     EpisodeStats,
@@ -26,6 +25,7 @@ from impala_jax.runtime.metrics import (
     train_result,
     trainable_info,
 )
+from impala_jax.runtime.process import checkpoint, distributed
 
 
 class TrainingLoop:

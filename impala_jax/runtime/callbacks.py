@@ -30,8 +30,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from impala_jax.runtime.import_path import import_object, split_import_path
 from impala_jax.runtime.metrics_logger import MetricsLogger
+from impala_jax.runtime.process.import_path import import_object, split_import_path
 
 __all__ = [
     "DefaultCallbacks",

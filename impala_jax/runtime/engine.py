@@ -3,11 +3,13 @@
 ``IMPALA`` (rllib/algorithm.py) runs the same iteration loop whatever executes it; how a run
 executes is the engine it holds, not a branch in that loop:
 
-- ``HostEngine`` (runtime/host_engine.py): envs stepped on the host by runner threads, or by the
+- ``HostEngine`` (runtime/acting/host_engine.py): envs stepped on the host by runner threads, or by
+the
   main thread in lockstep; each update takes the next batch from the runners and hands it to
   the ``Learner``. The debug samplers (``fake_sampler``, skipped learners) are its options, and
-  agreement across processes wraps its batch source (runtime/distributed.py).
-- ``DeviceEngine`` (runtime/device_runner.py): envs written in JAX, rolled out and trained on in
+  agreement across processes wraps its batch source (runtime/process/distributed.py).
+- ``DeviceEngine`` (runtime/ondevice/device_engine.py): envs written in JAX, rolled out and trained
+on in
   one compiled program per update; over a member axis it runs several seeds side by side
   (rllib/seed_group.py).
 

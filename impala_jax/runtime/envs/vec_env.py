@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from impala_jax.runtime.env_registry import (
+from impala_jax.runtime.envs.env_registry import (
     ENVPOOL_BATCH_OPTIONS,
     ENVPOOL_PREFIX,
     ENVPOOL_SAME_AS_GYMNASIUM,
@@ -39,7 +39,7 @@ from impala_jax.runtime.env_registry import (
     envpool_options,
     import_envpool,
 )
-from impala_jax.runtime.jax_envs import make_jax_env
+from impala_jax.runtime.envs.jax_envs import make_jax_env
 
 
 class VecEnv(abc.ABC):

@@ -24,16 +24,7 @@ import jax
 import numpy as np
 
 from impala_jax.core.policy import initial_carry
-from impala_jax.runtime.buffers import (
-    Batcher,
-    LearnerQueue,
-    LearnerQueueTimeout,
-    Loader,
-    LoaderSpec,
-    stack,
-)
-from impala_jax.runtime.callbacks import UserCodeError
-from impala_jax.runtime.env_runner import (
+from impala_jax.runtime.acting.env_runner import (
     IDENTICAL_FAILURES_TO_STOP,
     EnvOutputError,
     EnvRunner,
@@ -43,6 +34,15 @@ from impala_jax.runtime.env_runner import (
     RunnerThread,
     actor_key,
     failure_signature,
+)
+from impala_jax.runtime.callbacks import UserCodeError
+from impala_jax.runtime.learning.buffers import (
+    Batcher,
+    LearnerQueue,
+    LearnerQueueTimeout,
+    Loader,
+    LoaderSpec,
+    stack,
 )
 from impala_jax.runtime.metrics import Timers
 from impala_jax.runtime.metrics_logger import MetricsLogger

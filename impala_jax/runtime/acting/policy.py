@@ -26,13 +26,13 @@ from impala_jax.core.networks import make_networks
 from impala_jax.core.policy import RecurrentActor, initial_carry, make_act_fns
 from impala_jax.core.recurrent import make_recurrent_networks, num_chunks
 from impala_jax.core.types import Trajectory, empty_trajectory
-from impala_jax.runtime.host_actor import (
+from impala_jax.runtime.acting.host_actor import (
     AUTO_MAX_MACS,
     HostActor,
     act_macs,
     host_actor_unsupported,
 )
-from impala_jax.runtime.network_factory import resolve_factory
+from impala_jax.runtime.acting.network_factory import resolve_factory
 
 
 def make_policy_networks(factory: Any, model_config, observation_space, action_space):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from impala_jax.runtime.import_path import import_object, split_import_path
+from impala_jax.runtime.process.import_path import import_object, split_import_path
 
 # impala_jax's own factory by path; matched by name, so naming it imports no JAX.
 OWN_FACTORY = "impala_jax.core.networks.make_networks"

@@ -25,7 +25,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_jax.runtime.import_path import bare_package, take_out
+from impala_jax.runtime.process.import_path import bare_package, take_out
 
 # jax is imported where an env is made, not with this module: env_registry imports the prefix,
 # and the command line reads it before it starts JAX.

@@ -68,10 +68,10 @@ def make_mesh(devices: Sequence) -> Mesh:
 def put(tree, mesh: Mesh, spec: P, may_alias: bool | None = None):
     """Host or device arrays -> arrays laid out on the mesh with one spec for every leaf.
 
-    On a mesh over several processes (impala_jax.runtime.distributed) each process passes its own
-    part: for a split spec, its slice of the split axis (its batch columns); for REPLICATED,
-    the whole value, the same on every process (the learner state). ``may_alias=False``:
-    copies, never views of host memory (for arrays a program will donate).
+    On a mesh over several processes (impala_jax.runtime.process.distributed) each process passes
+    its own part: for a split spec, its slice of the split axis (its batch columns); for REPLICATED,
+    the whole value, the same on every process (the learner state). ``may_alias=False``: copies,
+    never views of host memory (for arrays a program will donate).
     """
     sharding = NamedSharding(mesh, spec)
     if sharding.is_fully_addressable:

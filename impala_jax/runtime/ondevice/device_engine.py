@@ -31,10 +31,10 @@ from impala_jax.core.rollout import (
     reset_envs,
 )
 from impala_jax.core.types import LEARNER_AXIS
-from impala_jax.runtime import parallel, program_cache
+from impala_jax.runtime.acting.env_runner import ParamStore
 from impala_jax.runtime.engine import DeviceSpec, Report, Update
-from impala_jax.runtime.env_runner import ParamStore
-from impala_jax.runtime.jax_envs import action_map, check_device_actions
+from impala_jax.runtime.envs.jax_envs import action_map, check_device_actions
+from impala_jax.runtime.learning import parallel, program_cache
 from impala_jax.runtime.metrics import Timers
 
 
@@ -65,7 +65,7 @@ def rollout_plan(spec, learner) -> tuple[int, int, int]:
 
 
 def device_rollout(spec, env, policy):
-    """The spec's rollout of ``env`` with ``policy`` (an ``acting.Policy``); a ValueError
+    """The spec's rollout of ``env`` with ``policy`` (an ``acting.policy.Policy``); a ValueError
     where its actions could leave the action space unnoticed (``check_device_actions``)."""
     check_device_actions(env.action_space, spec.normalize_actions, spec.clip_actions, env.name)
     return make_rollout(
@@ -191,9 +191,9 @@ class DeviceEngine:
 
     def __init__(self, spec: DeviceSpec, env, policy, learner, actor_device, seeds, grouped=False):
         """``env``: a ``core.rollout.JaxEnv`` with gymnasium spaces; ``policy``: the run's
-        ``acting.Policy``; ``seeds``: the envs' seed of each member. ``grouped``: the learner's
-        state and replay slots carry a leading member axis (``Learner.init_group``), and the
-        program maps the step over it."""
+        ``acting.policy.Policy``; ``seeds``: the envs' seed of each member. ``grouped``: the
+        learner's state and replay slots carry a leading member axis (``Learner.init_group``), and
+        the program maps the step over it."""
         if jax.process_count() > 1:
             raise ValueError(
                 f"environment(env={spec.env!r}): an env written in JAX trains on the devices "

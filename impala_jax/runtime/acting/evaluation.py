@@ -32,11 +32,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from impala_jax.runtime.acting.env_runner import EnvGroup, EpisodeLog, ParamStore, actor_key
 from impala_jax.runtime.callbacks import CallbacksSpec, EpisodeCallbacks, UserCodeError, describe
-from impala_jax.runtime.env_runner import EnvGroup, EpisodeLog, ParamStore, actor_key
+from impala_jax.runtime.envs.vec_env import EnvSpec, make_runner_envs
 from impala_jax.runtime.metrics import EpisodeStats
 from impala_jax.runtime.metrics_logger import MetricsLogger, deep_merge
-from impala_jax.runtime.vec_env import EnvSpec, make_runner_envs
 
 logger = logging.getLogger(__name__)
 

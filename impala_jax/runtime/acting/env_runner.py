@@ -30,18 +30,18 @@ import numpy as np
 from impala_jax.core.policy import initial_carry
 from impala_jax.core.recurrent import num_chunks
 from impala_jax.core.types import Trajectory, empty_trajectory
-from impala_jax.runtime.buffers import MAX_DROPPED_IN_A_ROW, FragmentDoor
+from impala_jax.runtime.acting.host_actor import HostActor, no_gil_yield
 from impala_jax.runtime.callbacks import CallbacksSpec, EpisodeCallbacks, UserCodeError
-from impala_jax.runtime.host_actor import HostActor, no_gil_yield
-from impala_jax.runtime.metrics import Timers
-from impala_jax.runtime.metrics_logger import MetricsLogger
-from impala_jax.runtime.vec_env import (
+from impala_jax.runtime.envs.vec_env import (
     ActionAdapter,
     EnvpoolVecEnv,
     EnvSpec,
     VecEnv,
     make_runner_envs,
 )
+from impala_jax.runtime.learning.buffers import MAX_DROPPED_IN_A_ROW, FragmentDoor
+from impala_jax.runtime.metrics import Timers
+from impala_jax.runtime.metrics_logger import MetricsLogger
 
 
 def actor_key(seed: int, params, act=None):

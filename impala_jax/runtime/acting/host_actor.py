@@ -123,7 +123,7 @@ class HostActor:
     """``act`` and ``greedy`` in NumPy for the MLP policies ``host_actor_unsupported`` allows.
 
     ``jitted`` is the jitted ``act`` it stands in for: the action dtype the learner compiles
-    for comes from its abstract evaluation (acting.Policy.action_dtype); the dtypes agree.
+    for comes from its abstract evaluation (policy.Policy.action_dtype); the dtypes agree.
     """
 
     def __init__(

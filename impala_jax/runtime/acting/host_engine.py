@@ -1,6 +1,6 @@
 """The host engine: envs stepped on the host, batches handed to the Learner.
 
-The runners (runtime/env_runner_group.py: threads, or the main thread in lockstep) fill train
+The runners (runtime/acting/env_runner_group.py: threads, or the main thread in lockstep) fill train
 batches; each ``next_update`` takes the next one, through RLlib's minibatch buffer where it
 reuses batches, and dispatches the learner's step on it. The debug samplers are options here:
 ``fake_sampler`` trains on the first batch again and again, ``sample_only`` samples and never
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from impala_jax.runtime import distributed
-from impala_jax.runtime.buffers import MinibatchBuffer
+from impala_jax.runtime.acting.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from impala_jax.runtime.engine import HostEngineSpec, Report, Update
-from impala_jax.runtime.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
+from impala_jax.runtime.learning.buffers import MinibatchBuffer
 from impala_jax.runtime.metrics import Timers
+from impala_jax.runtime.process import distributed
 
 
 class HostEngine:

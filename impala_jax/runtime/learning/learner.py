@@ -1,9 +1,9 @@
 """The Learner: the learner state on the mesh and the one compiled ``learner_step``.
 
 The step itself is core/update.py's pure per-device function; here it is wrapped over the
-device mesh (runtime/parallel.py), compiled (ahead of time in a warm-up thread, or loaded from
-runtime/program_cache.py), and fed the replay slots, the state arrays of a checkpoint and the
-params of ``set_weights``.
+device mesh (runtime/learning/parallel.py), compiled (ahead of time in a warm-up thread, or loaded
+from runtime/learning/program_cache.py), and fed the replay slots, the state arrays of a checkpoint
+and the params of ``set_weights``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from impala_jax.core import optim
 from impala_jax.core.types import LEARNER_AXIS, Batch, LearnerState
 from impala_jax.core.update import Replay, make_learner_step
-from impala_jax.runtime import parallel, program_cache
+from impala_jax.runtime.learning import parallel, program_cache
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Learner:
         """``program_key``: plain data deciding ``networks`` and ``distribution`` (the model
         config and the spaces: program_cache.model_description); given, and with the
         persistent compilation cache on, the step's traced program is kept on disk
-        (impala_jax.runtime.program_cache) and a later process skips tracing it.
+        (impala_jax.runtime.learning.program_cache) and a later process skips tracing it.
 
         ``example``: given the params' shapes (jax.ShapeDtypeStruct leaves), a host batch with
         the real shapes and dtypes; the step then compiles in a thread of its own (warm_up)
@@ -121,7 +121,7 @@ class Learner:
             networks, distribution, self.optimizer, opt_spec, loss_spec, step_spec, unrolled
         )
         # The per-device step itself, which an on-device rollout wraps into one program with
-        # its acting (runtime/device_runner.py).
+        # its acting (runtime/ondevice/device_engine.py).
         self.per_device_step = step
         replay_spec = parallel.LEADING if step_spec.replay_columns else ()
         self._step = parallel.data_parallel(
@@ -131,7 +131,7 @@ class Learner:
             out_specs=(parallel.REPLICATED, replay_spec, parallel.REPLICATED),
             donate_argnums=(0, 2),
         )
-        # What decides the step's trace, for a program that wraps it (device_runner.py); None
+        # What decides the step's trace, for a program that wraps it (device_engine.py); None
         # where nothing is stored.
         self.program_description = (
             [program_key, opt_spec, loss_spec, step_spec, unrolled, self.mesh, devices]

@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 
-from impala_jax.runtime.import_path import bare_package, take_out
-from impala_jax.runtime.jax_envs import GYMNAX_PREFIX, gymnax_ids
+from impala_jax.runtime.envs.jax_envs import GYMNAX_PREFIX, gymnax_ids
+from impala_jax.runtime.process.import_path import bare_package, take_out
 
 
 def import_envpool():
@@ -248,7 +248,7 @@ def choose_env(env: Any, env_config: Mapping[str, Any] | None = None) -> EnvChoi
 
     1. a name given to ``register_env`` (impala_jax's, or Ray Tune's when ray is imported);
     2. ``"envpool:<id>"``: envpool's env of that id, whatever gymnasium has;
-       ``"gymnax:<id>"``: gymnax's env of that id, stepped on device (runtime/jax_envs.py);
+       ``"gymnax:<id>"``: gymnax's env of that id, stepped on device (runtime/envs/jax_envs.py);
     3. ``"pkg.module:Name"``: the class or function ``Name`` of that module, or gymnasium's
        ``"module:<id>"`` (import the module, which registers ``<id>``: ``"ale_py:ALE/Pong-v5"``);
     4. a gymnasium id (``ALE/`` ids import ale_py first): gymnasium's env, or envpool's where

@@ -75,7 +75,7 @@ def initialize_lapack() -> None:
     import importlib.util
     from pathlib import Path
 
-    from impala_jax.runtime.import_path import bare_package
+    from impala_jax.runtime.process.import_path import bare_package
 
     try:
         from jaxlib.cpu import _lapack

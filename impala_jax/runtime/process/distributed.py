@@ -82,7 +82,7 @@ def _checked(coordinator_address, num_processes, process_id) -> tuple[str, int, 
     """The explicit (coordinator, count, id), checked; a ValueError names a bad one."""
     if any(v is None for v in (coordinator_address, num_processes, process_id)):
         raise ValueError(
-            "impala_jax.runtime.distributed.initialize needs all of coordinator_address, "
+            "impala_jax.runtime.process.distributed.initialize needs all of coordinator_address, "
             f"num_processes and process_id (got {coordinator_address!r}, {num_processes!r}, "
             f"{process_id!r}); give the three, or none for JAX's cluster detection."
         )
@@ -149,8 +149,8 @@ def initialize(
         if all(v is None for v in asked):  # e.g. the CLI's main() called in a JAX program
             return jax.process_count()
         raise RuntimeError(
-            "impala_jax.runtime.distributed.initialize() must come before anything uses JAX "
-            "(before build(), jax.devices(), any computation): JAX has started its backends "
+            "impala_jax.runtime.process.distributed.initialize() must come before anything uses "
+            "JAX (before build(), jax.devices(), any computation): JAX has started its backends "
             "already."
         )
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -271,12 +271,31 @@ def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
     return arrays, _current_paths(meta)
 
 
+# Where runtime/'s modules went when it was split into rooms (envs, acting, learning, ondevice,
+# process); a checkpoint written before names a class by the old path.
+_RUNTIME_ROOMS = {
+    **{m: f"runtime.envs.{m}" for m in "vec_env env_registry jax_envs".split()},
+    **{
+        m: f"runtime.acting.{m}"
+        for m in "env_runner env_runner_group evaluation host_actor network_factory".split()
+    },
+    "acting": "runtime.acting.policy",
+    **{m: f"runtime.learning.{m}" for m in "learner buffers parallel program_cache".split()},
+    "device_runner": "runtime.ondevice.device_engine",
+    **{m: f"runtime.process.{m}" for m in "distributed jax_setup checkpoint import_path".split()},
+}
+
+
+def _runtime(m: str) -> str:
+    return _RUNTIME_ROOMS.get(m, f"runtime.{m}")
+
+
 # impala_jax's modules before they were grouped into core/, runtime/, rllib/ and cli/, and where
 # their names are now; a checkpoint written then names a class (a callbacks class) by the old path.
 _MOVED_MODULES = {
     **{m: (f"core.{m}",) for m in "types vtrace losses distributions optim model_config".split()},
     **{
-        m: (f"runtime.{m}",)
+        m: (_runtime(m),)
         for m in "env_runner_group evaluation host_actor buffers distributed program_cache "
         "jax_setup checkpoint metrics metrics_logger callbacks".split()
     },
@@ -287,18 +306,19 @@ _MOVED_MODULES = {
     **{m: (f"cli.{m}",) for m in "experiment sweep run_dir loggers display curve tfevents".split()},
     "networks": ("core.networks", "core.initializers"),
     "recurrent": ("core.recurrent", "core.policy"),
-    "learner": ("runtime.learner", "core.update", "core.losses"),
-    "parallel": ("runtime.parallel", "core.update"),
-    "env_runner": ("runtime.env_runner", "core.policy"),
-    "envs": ("runtime.env_registry", "runtime.vec_env"),
+    "learner": (_runtime("learner"), "core.update", "core.losses"),
+    "parallel": (_runtime("parallel"), "core.update"),
+    "env_runner": (_runtime("env_runner"), "core.policy"),
+    "envs": (_runtime("env_registry"), _runtime("vec_env")),
     "algorithm": ("rllib.algorithm", "rllib.diagnostics"),
     "config_checks": ("rllib.checks", "rllib.values", "rllib.model_config_checks", "rllib.specs"),
     "rllib_compat": ("rllib.compat", "rllib.compat_tables"),
+    **{f"runtime.{m}": (new,) for m, new in _RUNTIME_ROOMS.items()},
 }
 
 
 def _current_paths(value: Any) -> Any:
-    """`value` with every "impala_jax.<module>:<name>" of the flat layout at its current path."""
+    """`value` with every "impala_jax.<module>:<name>" of an earlier layout at its current path."""
     if isinstance(value, dict):
         return {k: _current_paths(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -1,0 +1,3 @@
+"""Envs: envpool or gymnasium.vector behind one interface, resolving an env id, and envs written in
+JAX.
+"""
