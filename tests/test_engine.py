@@ -75,3 +75,46 @@ def test_the_learner_owns_its_state_on_device():
         algo.set_weights({"default_policy": weights})
         published, _ = algo.engine.param_store.get()
         assert all(not np.any(x) for x in jax.tree.leaves(jax.device_get(published)))
+
+
+def test_from_train_to_vtrace_is_a_short_walk(monkeypatch):
+    """The package's own calls from IMPALA.train() down to the V-trace call, on the host path
+    (lockstep): at most 9, so a reader can follow an iteration to the equation."""
+    import impala_jax.core.losses as losses
+    from impala_jax.runtime.learning import program_cache
+    from impala_jax.runtime.learning.learner import Learner
+
+    chains = []
+    vtrace = losses.vtrace
+
+    def spy(*args, **kwargs):
+        frames = [f for f in inspect.stack()[1:] if "/impala_jax/" in f.filename]
+        names = [f.function for f in reversed(frames)]
+        chains.append(names[max(i for i, n in enumerate(names) if n == "train") :])
+        return vtrace(*args, **kwargs)
+
+    monkeypatch.setattr(losses, "vtrace", spy)
+    monkeypatch.setattr(program_cache, "directory", lambda: None)  # traced here, not loaded
+    monkeypatch.setattr(Learner, "warm_up", lambda self, example: None)  # traced in train()
+    config = (
+        IMPALAConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=4, rollout_fragment_length=5)
+        .training(train_batch_size_per_learner=20)
+        .reporting(min_time_s_per_iteration=0)
+    )
+    with config.build() as algo:
+        algo.train()
+    assert chains, "V-trace was not traced inside train()"
+    assert chains[0][-1] == "impala_loss"
+    assert len(chains[0]) <= 9, " -> ".join(chains[0])
+
+
+def test_training_step_reads_like_the_paper_and_a_seed_group_stays_small():
+    from impala_jax.rllib import seed_group
+    from impala_jax.rllib.training_loop import TrainingLoop
+
+    step = inspect.getsource(TrainingLoop.training_step).splitlines()
+    assert len(step) <= 15, "\n".join(step)
+    assert not any(flag in "\n".join(step) for flag in ("_on_device", "fake", "skip", "process"))
+    assert len(inspect.getsource(seed_group).splitlines()) <= 80

@@ -279,22 +279,6 @@ def _make_minibatch_update(
     return update
 
 
-def _run_updates(update, carry, order: jax.Array, max_unrolled_updates: int):
-    """Every row of ``order`` through ``update``, in order: the final carry and the metrics
-    averaged over the updates."""
-    n_updates = order.shape[0]
-    if n_updates == 1 or n_updates <= max_unrolled_updates:
-        # Unrolled, not scanned: on CPU, conv gradients inside lax.scan run many times slower
-        # (jax-ml/jax#12868; scan's unroll= does not help).
-        per_update = []
-        for i in range(n_updates):
-            carry, update_metrics = update(carry, order[i])
-            per_update.append(update_metrics)
-        return carry, jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *per_update)
-    carry, metrics = jax.lax.scan(update, carry, order)
-    return carry, jax.tree.map(jnp.mean, metrics)
-
-
 def make_learner_step(
     networks, distribution, optimizer, opt_spec, loss_spec, step_spec, max_unrolled_updates=0
 ):
@@ -318,7 +302,18 @@ def make_learner_step(
             loss_fn, optimizer, opt_spec, step_spec, batch, entropy_coeff, env_steps
         )
         carry = (state.params, state.opt_state)
-        (params, opt_state), metrics = _run_updates(update, carry, order, max_unrolled_updates)
+        if order.shape[0] == 1 or order.shape[0] <= max_unrolled_updates:
+            # Unrolled, not scanned: on CPU, conv gradients inside lax.scan run many times slower
+            # (jax-ml/jax#12868; scan's unroll= does not help).
+            per_update = []
+            for i in range(order.shape[0]):
+                carry, update_metrics = update(carry, order[i])
+                per_update.append(update_metrics)
+            metrics = jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *per_update)
+        else:
+            carry, metrics = jax.lax.scan(update, carry, order)
+            metrics = jax.tree.map(jnp.mean, metrics)
+        params, opt_state = carry
         maxima = {
             k: metrics.pop(k)
             for k in learner_metrics.keys_reduced_by(learner_metrics.DEVICE_MAX)

@@ -130,8 +130,7 @@ class IMPALA(TrainingLoop, Checkpointable):
         act_space = config.action_space or probe.action_space
         probe.close()
         self.observation_space, self.action_space = obs_space, act_space
-        factory = getattr(config.get_default_rl_module_spec(), "factory", None)
-        policy = make_policy(specs.policy_spec(config), obs_space, act_space, actor_device, factory)
+        policy = make_policy(specs.policy_spec(config), obs_space, act_space, actor_device)
         self.policy = policy
         self.networks, self.distribution = policy.networks, policy.distribution
         self.recurrent = policy.recurrent

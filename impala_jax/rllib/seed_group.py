@@ -44,9 +44,8 @@ class SeedGroup(TrainingLoop):
         self.config, self.seeds = config, seeds
         env = make_jax_env(config.env, config.env_config)
         devices, local = parallel.learner_devices(config.num_learners)
-        factory = getattr(config.get_default_rl_module_spec(), "factory", None)
         spaces = (env.observation_space, env.action_space)
-        policy = make_policy(specs.policy_spec(config), *spaces, local[0], factory)
+        policy = make_policy(specs.policy_spec(config), *spaces, local[0])
         step = specs.step_spec(config, len(devices))
         keys = [run_keys(s)[0] for s in seeds]  # each seed's learner key, as IMPALA's
         optimizer, loss = specs.optimizer_spec(config), specs.loss_spec(config)

@@ -155,7 +155,8 @@ def _by_name(spec_class, config, **derived):
 
 
 def policy_spec(config) -> PolicySpec:
-    return _by_name(PolicySpec, config)
+    factory = getattr(config.get_default_rl_module_spec(), "factory", None)
+    return _by_name(PolicySpec, config, network_factory=factory)
 
 
 def callbacks_spec(config, env_runner_config=None) -> CallbacksSpec:

@@ -52,6 +52,7 @@ class PolicySpec:
     model_config: Mapping[str, Any]  # a full one: every DefaultModelConfig key set
     inference_backend: str  # "auto", "jax" or "numpy"
     num_envs_per_env_runner: int  # the rows each act call takes
+    network_factory: Any = None  # the rl_module_spec's factory (network_factory.py); None: ours
 
 
 def use_host_actor(
@@ -134,14 +135,12 @@ class Policy:
         )
 
 
-def make_policy(
-    spec: PolicySpec, observation_space, action_space, actor_device, factory=None
-) -> Policy:
-    """The networks ``factory`` builds for ``spec.model_config`` and the spaces, and the actor
-    that runs them on ``actor_device`` (``inference_backend``: jitted JAX or NumPy)."""
+def make_policy(spec: PolicySpec, observation_space, action_space, actor_device) -> Policy:
+    """The networks ``spec.network_factory`` builds for ``spec.model_config`` and the spaces, and
+    the actor that runs them on ``actor_device`` (``inference_backend``: jitted JAX or NumPy)."""
     model_config = spec.model_config
     distribution = make_distribution(action_space, model_config)
-    factory = resolve_factory(factory)
+    factory = resolve_factory(spec.network_factory)
     custom = factory is not None
     host = use_host_actor(spec, actor_device, observation_space, distribution, custom)
     networks = make_policy_networks(factory, model_config, observation_space, action_space)
