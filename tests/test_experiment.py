@@ -174,7 +174,7 @@ def test_result_schema_is_what_train_reports(num_env_runners):
     """Every key of real results is in the schema; every schema key is in the first result,
     except the episode means (NaN or absent before an episode ends) and evaluation keys, which
     are in the first evaluating result."""
-    from impala_jax.runtime.metrics import flatten
+    from impala_jax.rllib.results import flatten
     from tests.test_algorithm import small_config
 
     c = small_config(num_env_runners=num_env_runners).evaluation(

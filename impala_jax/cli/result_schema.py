@@ -9,7 +9,7 @@ from impala_jax.core import learner_metrics
 
 # What train() returns, section by section, as slash paths. The learner's metrics come from
 # their declaration (core/learner_metrics.py); the rest is written from the code that fills
-# each section (metrics.train_result, metrics.EpisodeStats.result, the stage timers of
+# each section (results.train_result, metrics.EpisodeStats.result, the stage timers of
 # env_runner / env_runner_group / buffers / algorithm, EnvRunnerGroup.fault_tolerance_metrics,
 # evaluation.Evaluator). tests/test_experiment.py holds it equal to real results, so a key
 # added there fails a test until it is listed here.
@@ -21,7 +21,7 @@ TOP_LEVEL_KEYS = (
     "training_iteration",
     "time_this_iter_s",
     "time_total_s",
-    # Ray Tune's Trainable bookkeeping (metrics.trainable_info), as in RLlib's results.
+    # Ray Tune's Trainable bookkeeping (results.trainable_info), as in RLlib's results.
     "done",
     "iterations_since_restore",
     "time_since_restore",

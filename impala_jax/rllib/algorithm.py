@@ -3,7 +3,7 @@
 Elsewhere: the iteration loop and training_step (training_loop), the engine that samples and
 updates (runtime/engine: host runners or on device), the policy and its actor (runtime/acting),
 evaluation, the update (runtime/learner, core/), the warnings (diagnostics), the result dict
-(runtime/metrics), checkpoints (checkpointable), inference (module), processes (distributed).
+(results), checkpoints (checkpointable), inference (module), processes (distributed).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from impala_jax.runtime.envs.jax_envs import is_jax_env, make_jax_env
 from impala_jax.runtime.envs.vec_env import ActionAdapter, make_vec_env
 from impala_jax.runtime.learning import parallel, program_cache
 from impala_jax.runtime.learning.learner import Learner, run_keys
-from impala_jax.runtime.metrics_logger import MetricsLogger, deep_merge
+from impala_jax.runtime.metrics import deep_merge
+from impala_jax.runtime.metrics_logger import MetricsLogger
 from impala_jax.runtime.ondevice.device_engine import DeviceEngine
 from impala_jax.runtime.process import distributed
 from impala_jax.runtime.process.jax_setup import use_compile_cache

@@ -35,8 +35,8 @@ from typing import Any
 from impala_jax.runtime.acting.env_runner import EnvGroup, EpisodeLog, ParamStore, actor_key
 from impala_jax.runtime.callbacks import CallbacksSpec, EpisodeCallbacks, UserCodeError, describe
 from impala_jax.runtime.envs.vec_env import EnvSpec, make_runner_envs
-from impala_jax.runtime.metrics import EpisodeStats
-from impala_jax.runtime.metrics_logger import MetricsLogger, deep_merge
+from impala_jax.runtime.metrics import EpisodeStats, deep_merge
+from impala_jax.runtime.metrics_logger import MetricsLogger
 
 logger = logging.getLogger(__name__)
 
