@@ -134,7 +134,7 @@ def test_stop_keys_not_reported_yet_are_fine_and_impossible_ones_fail_fast():
 
 
 def test_stop_keys_callbacks_may_log_are_kept_with_a_note():
-    from impala_jax.runtime.callbacks import RLlibCallback
+    from impala_jax.rllib.callbacks import RLlibCallback
 
     class EpisodeMetrics(RLlibCallback):
         def on_episode_end(self, **kwargs):

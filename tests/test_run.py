@@ -741,7 +741,7 @@ atexit.register(lambda: open(MARKS + "/atexit", "w").close())
     experiment.write_text(text)
     for callbacks, teardown in (
         ([], False),
-        (["callbacks.callbacks_class=impala_jax.runtime.callbacks.RLlibCallback"], True),
+        (["callbacks.callbacks_class=impala_jax.rllib.callbacks.RLlibCallback"], True),
     ):
         for f in marks.iterdir():
             f.unlink()

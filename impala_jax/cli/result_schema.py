@@ -94,7 +94,7 @@ THREADED_TIMERS = ("queue_put_wait", "stack", "transfer", "learner_wait")
 LOCKSTEP_TIMERS = ("transfer",)
 LEARNER_TIMERS = ("learner_dispatch", "broadcast")
 ITERATION_TIMERS = ("learner_fetch",)
-# Callbacks (impala_jax.runtime.callbacks) log where RLlib's do: episode hooks under env_runners/
+# Callbacks (impala_jax.rllib.callbacks) log where RLlib's do: episode hooks under env_runners/
 # (evaluation/env_runners/ for evaluation episodes); algorithm-level hooks get the algorithm's
 # metrics logger, which writes any path from the top, and on_train_result may mutate the result.
 EPISODE_CALLBACK_PREFIXES = ("env_runners/", "evaluation/env_runners/")
@@ -178,7 +178,7 @@ def callback_prefixes(config) -> tuple[str, ...]:
     algorithm-level hook is set. A hook counts when a ``callbacks_class`` overrides it or its
     ``on_*`` keyword is given; a class that does not import counts as every hook (``build()``
     reports it)."""
-    from impala_jax.runtime import callbacks
+    from impala_jax.rllib import callbacks
 
     hooks = {h for h in callbacks.CALLBACK_KEYWORDS if getattr(config, h, None) is not None}
     classes = config.callbacks_class
