@@ -23,7 +23,7 @@ def __getattr__(name: str):
 
         return SeedGroup
     if name == "register_env":  # RLlib's ray.tune.register_env, without ray
-        from impala_jax.runtime.envs.env_registry import register_env
+        from impala_jax.rllib.registry import register_env
 
         return register_env
     raise AttributeError(f"module 'impala_jax' has no attribute {name!r}")

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from impala_jax import IMPALA, IMPALAConfig
-from impala_jax.runtime.callbacks import (
+from impala_jax.rllib.callbacks import (
     Episode,
-    EpisodeCallbacks,
     MetricsLogger,
     RLlibCallback,
     resolve,
 )
+from impala_jax.runtime.acting.episode_hooks import EpisodeCallbacks
 from impala_jax.runtime.process import checkpoint
 from tests.test_algorithm import small_config
 
@@ -125,8 +125,8 @@ def test_hooks_kwargs_and_metrics_lockstep():
         assert isinstance(algo_cb, Recorder)
         runner = algo.env_runner_group.local_runner
         results = [algo.train() for _ in range(4)]
-        runner_cb = runner.episode_callbacks._callbacks.objects[0]
-        eval_cb = algo._evaluator.episode_callbacks._callbacks.objects[0]
+        runner_cb = runner.episode_callbacks.hooks._callbacks.objects[0]
+        eval_cb = algo._evaluator.episode_callbacks.hooks._callbacks.objects[0]
         assert len({id(algo_cb), id(runner_cb), id(eval_cb)}) == 3  # one instance each, as RLlib
         main = threading.current_thread().name
 
@@ -229,7 +229,7 @@ def test_episode_end_count_threaded():
             assert _num(_custom(r, "count")) == r["env_runners"]["num_episodes"]
         returns = sum(_num(_custom(r, "return_sum")) for r in results)
         assert np.isclose(returns / counted, results[-1]["env_runners"]["episode_return_mean"])
-        objects = [r.episode_callbacks._callbacks.objects[0] for r in runners]
+        objects = [r.episode_callbacks.hooks._callbacks.objects[0] for r in runners]
         threads = {c[2] for c in _calls(objects, "on_episode_end")}
         assert threads <= {"EnvRunner-0", "EnvRunner-1"} and threads
         # Episodes finished after the last result are recorded for the next one: never fewer.
@@ -384,7 +384,7 @@ def test_callbacks_config_fields():
 def test_resolve_import_paths():
     assert resolve("tests.test_callbacks:ModuleLevelCallbacks", "x") is ModuleLevelCallbacks
     assert resolve("tests.test_callbacks.ModuleLevelCallbacks", "x") is ModuleLevelCallbacks
-    assert resolve("impala_jax.runtime.callbacks:Episode.get_return", "x") is Episode.get_return
+    assert resolve("impala_jax.rllib.callbacks:Episode.get_return", "x") is Episode.get_return
     with pytest.raises(ValueError, match="lambda or a function"):
         resolve("tests.test_callbacks:test_x.<locals>.<lambda>", "on_train_result")
     with pytest.raises(ValueError, match="cannot import"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from impala_jax import IMPALA
-from impala_jax.runtime.callbacks import RLlibCallback
+from impala_jax.rllib.callbacks import RLlibCallback
 
 OLD = Path(__file__).parent / "data" / "checkpoint_pre_layers"
 OBS = np.array([0.01, 0.02, 0.03, 0.04], np.float32)
@@ -27,7 +27,7 @@ def test_a_checkpoint_of_the_flat_layout_restores(tmp_path):
     try:
         assert algo.config.callbacks_class in (
             RLlibCallback,
-            "impala_jax.runtime.callbacks:RLlibCallback",
+            "impala_jax.rllib.callbacks:RLlibCallback",
         )
         counters = algo.get_state()["counters"]
         assert counters["num_env_steps_sampled_lifetime"] == 1_569_760
@@ -50,7 +50,7 @@ def test_old_import_paths_name_the_same_objects_now():
     from impala_jax.runtime.process.checkpoint import _current_paths
 
     moved = {
-        "impala_jax.callbacks:RLlibCallback": "impala_jax.runtime.callbacks:RLlibCallback",
+        "impala_jax.callbacks:RLlibCallback": "impala_jax.rllib.callbacks:RLlibCallback",
         "impala_jax.envs:EnvContext": "impala_jax.runtime.envs.env_registry:EnvContext",
         "impala_jax.envs:ActionAdapter": "impala_jax.runtime.envs.vec_env:ActionAdapter",
         "impala_jax.learner:Learner": "impala_jax.runtime.learning.learner:Learner",
@@ -60,5 +60,24 @@ def test_old_import_paths_name_the_same_objects_now():
     }
     assert {old: _current_paths(old) for old in moved} == moved
     assert _current_paths({"a": ["impala_jax.callbacks:RLlibCallback"]}) == {
-        "a": ["impala_jax.runtime.callbacks:RLlibCallback"]
+        "a": ["impala_jax.rllib.callbacks:RLlibCallback"]
     }
+
+
+def test_paths_of_rllib_surface_once_in_runtime_name_the_same_objects_now():
+    """A checkpoint written while RLlib's callbacks, MetricsLogger and result dict lived in
+    runtime/ (or in the flat layout) names them by a path that now resolves in rllib/."""
+    from impala_jax.runtime.process.checkpoint import _current_paths
+
+    cb, ml = "impala_jax.rllib.callbacks", "impala_jax.rllib.metrics_logger"
+    moved = {
+        "impala_jax.runtime.callbacks:RLlibCallback": f"{cb}:RLlibCallback",
+        "impala_jax.runtime.callbacks:DefaultCallbacks": f"{cb}:DefaultCallbacks",
+        "impala_jax.runtime.callbacks:Episode.get_return": f"{cb}:Episode.get_return",
+        "impala_jax.callbacks:DefaultCallbacks": f"{cb}:DefaultCallbacks",
+        "impala_jax.runtime.metrics_logger:MetricsLogger": f"{ml}:MetricsLogger",
+        "impala_jax.metrics_logger:MetricsLogger": f"{ml}:MetricsLogger",
+        "impala_jax.runtime.metrics:train_result": "impala_jax.rllib.results:train_result",
+        "impala_jax.runtime.metrics:Timers": "impala_jax.runtime.metrics:Timers",
+    }
+    assert {old: _current_paths(old) for old in moved} == moved

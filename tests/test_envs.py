@@ -17,6 +17,7 @@ import pytest
 from gymnasium.envs.registration import load_env_creator
 
 from impala_jax import IMPALA, IMPALAConfig
+from impala_jax.rllib.registry import register_env
 from impala_jax.runtime.envs import env_registry, vec_env
 from tests.fake_envs import ContextEnv
 from tests.test_algorithm import small_config
@@ -288,7 +289,7 @@ def test_register_env_names_resolve_and_win(registry):
 
 @pytest.mark.timeout(60)
 def test_async_vectorize_mode_pickles_the_context(registry):
-    env_registry.register_env("ctx_env", ContextEnv)
+    register_env("ctx_env", ContextEnv)
     vec = vec_env.make_vec_env("ctx_env", 2, 0, {"a": 1}, "async", worker_index=1, num_workers=1)
     vec.async_reset()
     np.testing.assert_array_equal(vec.recv()[0], [[1, 0, 1], [1, 1, 1]])
@@ -303,7 +304,7 @@ def test_creators_get_rllibs_env_context_in_runner_threads(registry):
         seen.append((ctx.worker_index, ctx.vector_index, ctx.num_workers, dict(ctx)))
         return ContextEnv(ctx)
 
-    env_registry.register_env("where_env", creator)
+    register_env("where_env", creator)
     config = small_config("where_env", num_env_runners=2, num_envs_per_env_runner=2)
     config.environment(env_config={"k": 7})
     with config.build() as algo:
@@ -410,7 +411,7 @@ def test_checkpoints_of_lambda_and_registered_creators(tmp_path, registry):
     with pytest.raises(ValueError, match=r"lambda.*from_checkpoint\(path, env=creator\)"):
         IMPALA.from_checkpoint(lambda_path)
     # The creator passed back, here under a registered name; that name is what it saves.
-    env_registry.register_env("ckpt_env", creator)
+    register_env("ckpt_env", creator)
     with IMPALA.from_checkpoint(lambda_path, env="ckpt_env") as restored:
         assert restored.iteration == 1
         for a, b in zip(weights, jax.tree.leaves(restored.get_weights()), strict=True):

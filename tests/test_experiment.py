@@ -134,7 +134,7 @@ def test_stop_keys_not_reported_yet_are_fine_and_impossible_ones_fail_fast():
 
 
 def test_stop_keys_callbacks_may_log_are_kept_with_a_note():
-    from impala_jax.runtime.callbacks import RLlibCallback
+    from impala_jax.rllib.callbacks import RLlibCallback
 
     class EpisodeMetrics(RLlibCallback):
         def on_episode_end(self, **kwargs):
@@ -174,7 +174,7 @@ def test_result_schema_is_what_train_reports(num_env_runners):
     """Every key of real results is in the schema; every schema key is in the first result,
     except the episode means (NaN or absent before an episode ends) and evaluation keys, which
     are in the first evaluating result."""
-    from impala_jax.runtime.metrics import flatten
+    from impala_jax.rllib.results import flatten
     from tests.test_algorithm import small_config
 
     c = small_config(num_env_runners=num_env_runners).evaluation(

@@ -25,7 +25,7 @@ from impala_jax import IMPALAConfig, run
 from impala_jax.cli import display, loggers
 from impala_jax.cli.args import parse_args
 from impala_jax.cli.run_dir import checkpoints
-from impala_jax.runtime import metrics
+from impala_jax.rllib.results import lookup
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = str(ROOT / "experiments" / "cartpole.py")
@@ -633,7 +633,7 @@ def test_cli_runs_an_rllib_example_with_its_arguments_and_real_wandb_offline(tmp
             "training_iteration",
             "learners/default_policy/total_loss",
         ):
-            assert row[key] == pytest.approx(metrics.lookup(result, key)), key
+            assert row[key] == pytest.approx(lookup(result, key)), key
         assert not any(k.startswith("config/") for k in row)  # the config is not a scalar
 
 
@@ -741,7 +741,7 @@ atexit.register(lambda: open(MARKS + "/atexit", "w").close())
     experiment.write_text(text)
     for callbacks, teardown in (
         ([], False),
-        (["callbacks.callbacks_class=impala_jax.runtime.callbacks.RLlibCallback"], True),
+        (["callbacks.callbacks_class=impala_jax.rllib.callbacks.RLlibCallback"], True),
     ):
         for f in marks.iterdir():
             f.unlink()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from impala_jax.cli import loggers
-from impala_jax.runtime.metrics import lookup
+from impala_jax.rllib.results import lookup
 
 BUDGET_KEYS = (
     "num_env_steps_sampled_lifetime",

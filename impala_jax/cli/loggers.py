@@ -36,7 +36,7 @@ from impala_jax.cli.curve import (  # noqa: F401  (plot_curve: the notebooks dra
     plot_curve,
     step_budget,
 )
-from impala_jax.runtime.metrics import flatten, lookup
+from impala_jax.rllib.results import flatten, lookup
 from impala_jax.runtime.process.checkpoint import write_atomic
 
 logger = logging.getLogger(__name__)

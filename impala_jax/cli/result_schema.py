@@ -9,7 +9,7 @@ from impala_jax.core import learner_metrics
 
 # What train() returns, section by section, as slash paths. The learner's metrics come from
 # their declaration (core/learner_metrics.py); the rest is written from the code that fills
-# each section (metrics.train_result, metrics.EpisodeStats.result, the stage timers of
+# each section (results.train_result, metrics.EpisodeStats.result, the stage timers of
 # env_runner / env_runner_group / buffers / algorithm, EnvRunnerGroup.fault_tolerance_metrics,
 # evaluation.Evaluator). tests/test_experiment.py holds it equal to real results, so a key
 # added there fails a test until it is listed here.
@@ -21,7 +21,7 @@ TOP_LEVEL_KEYS = (
     "training_iteration",
     "time_this_iter_s",
     "time_total_s",
-    # Ray Tune's Trainable bookkeeping (metrics.trainable_info), as in RLlib's results.
+    # Ray Tune's Trainable bookkeeping (results.trainable_info), as in RLlib's results.
     "done",
     "iterations_since_restore",
     "time_since_restore",
@@ -94,7 +94,7 @@ THREADED_TIMERS = ("queue_put_wait", "stack", "transfer", "learner_wait")
 LOCKSTEP_TIMERS = ("transfer",)
 LEARNER_TIMERS = ("learner_dispatch", "broadcast")
 ITERATION_TIMERS = ("learner_fetch",)
-# Callbacks (impala_jax.runtime.callbacks) log where RLlib's do: episode hooks under env_runners/
+# Callbacks (impala_jax.rllib.callbacks) log where RLlib's do: episode hooks under env_runners/
 # (evaluation/env_runners/ for evaluation episodes); algorithm-level hooks get the algorithm's
 # metrics logger, which writes any path from the top, and on_train_result may mutate the result.
 EPISODE_CALLBACK_PREFIXES = ("env_runners/", "evaluation/env_runners/")
@@ -178,7 +178,7 @@ def callback_prefixes(config) -> tuple[str, ...]:
     algorithm-level hook is set. A hook counts when a ``callbacks_class`` overrides it or its
     ``on_*`` keyword is given; a class that does not import counts as every hook (``build()``
     reports it)."""
-    from impala_jax.runtime import callbacks
+    from impala_jax.rllib import callbacks
 
     hooks = {h for h in callbacks.CALLBACK_KEYWORDS if getattr(config, h, None) is not None}
     classes = config.callbacks_class

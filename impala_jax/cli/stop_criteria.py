@@ -8,7 +8,7 @@ import difflib
 from impala_jax.cli.errors import RunError
 from impala_jax.cli.overrides import parse_value
 from impala_jax.cli.result_schema import CONFIG_PREFIX, NOT_STOP_KEYS, result_schema
-from impala_jax.runtime.metrics import lookup
+from impala_jax.rllib.results import lookup
 
 
 def check_stop(stop: dict) -> dict:

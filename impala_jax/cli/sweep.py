@@ -45,8 +45,8 @@ from impala_jax.cli import loggers
 from impala_jax.cli.errors import RunError, one_line
 from impala_jax.cli.experiment import module_name
 from impala_jax.cli.run_dir import RUN_FILE, new_run_dir, write_json
+from impala_jax.rllib.results import lookup
 from impala_jax.rllib.values import is_search_space
-from impala_jax.runtime.metrics import lookup
 
 __all__ = [
     "TUNE_DIR",

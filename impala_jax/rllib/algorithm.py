@@ -3,7 +3,7 @@
 Elsewhere: the iteration loop and training_step (training_loop), the engine that samples and
 updates (runtime/engine: host runners or on device), the policy and its actor (runtime/acting),
 evaluation, the update (runtime/learner, core/), the warnings (diagnostics), the result dict
-(runtime/metrics), checkpoints (checkpointable), inference (module), processes (distributed).
+(results), checkpoints (checkpointable), inference (module), processes (distributed).
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ import numpy as np
 
 from impala_jax.core.types import Trajectory
 from impala_jax.rllib import diagnostics, specs
+from impala_jax.rllib.callbacks import Callbacks
 from impala_jax.rllib.checkpointable import Checkpointable
 from impala_jax.rllib.checks import start_together
+from impala_jax.rllib.metrics_logger import MetricsLogger
 from impala_jax.rllib.module import DEFAULT_MODULE_ID, Actions, Module
 from impala_jax.rllib.training_loop import TrainingLoop
 from impala_jax.runtime.acting.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
@@ -31,13 +33,13 @@ from impala_jax.runtime.acting.evaluation import Evaluator
 from impala_jax.runtime.acting.host_actor import hold_one_blas_thread, release_blas_threads
 from impala_jax.runtime.acting.host_engine import AgreedHostEngine, HostEngine
 from impala_jax.runtime.acting.policy import make_policy
-from impala_jax.runtime.callbacks import Callbacks, UserCodeError
+from impala_jax.runtime.acting.user_code import UserCodeError
 from impala_jax.runtime.engine import Engine
 from impala_jax.runtime.envs.jax_envs import is_jax_env, make_jax_env
 from impala_jax.runtime.envs.vec_env import ActionAdapter, make_vec_env
 from impala_jax.runtime.learning import parallel, program_cache
 from impala_jax.runtime.learning.learner import Learner, run_keys
-from impala_jax.runtime.metrics_logger import MetricsLogger, deep_merge
+from impala_jax.runtime.metrics import deep_merge
 from impala_jax.runtime.ondevice.device_engine import DeviceEngine
 from impala_jax.runtime.process import distributed
 from impala_jax.runtime.process.jax_setup import use_compile_cache

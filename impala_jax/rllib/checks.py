@@ -15,6 +15,12 @@ from typing import Any
 from impala_jax.core.loss_spec import COEFFICIENTS as LOSS_COEFFICIENTS
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
 from impala_jax.core.optim_rules import GRAD_CLIP_BY, OPT_TYPES, SCHEDULE_FORM, schedule_problem
+from impala_jax.rllib.callbacks import (
+    CALLBACK_KEYWORDS,
+    SUPPORTED_HOOKS,
+    UNSUPPORTED_HOOKS,
+    unsupported_overrides,
+)
 from impala_jax.rllib.compat_tables import NOT_HERE
 from impala_jax.rllib.device_checks import check_device_fields
 from impala_jax.rllib.model_config_checks import merge_model_config, model_config_problems
@@ -25,12 +31,6 @@ from impala_jax.rllib.values import (
     is_real,
     is_schedule,
     is_search_space,
-)
-from impala_jax.runtime.callbacks import (
-    CALLBACK_KEYWORDS,
-    SUPPORTED_HOOKS,
-    UNSUPPORTED_HOOKS,
-    unsupported_overrides,
 )
 
 LOSS_REDUCTIONS = ("mean", "sum")

@@ -29,6 +29,7 @@ from typing import Any
 
 from impala_jax.core.loss_spec import COEFFICIENTS as LOSS_COEFFICIENTS
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
+from impala_jax.rllib.callbacks import CALLBACK_KEYWORDS
 from impala_jax.rllib.checks import SETTER_CHECKS, start_together, validate_config
 from impala_jax.rllib.compat import DECLARED, NotProvided, RLlibBuilders, route
 from impala_jax.rllib.model_config_checks import merge_model_config
@@ -39,7 +40,6 @@ from impala_jax.rllib.module_spec import (
     spec_to_dict,
 )
 from impala_jax.rllib.values import find_search_space, is_schedule, is_search_space
-from impala_jax.runtime.callbacks import CALLBACK_KEYWORDS
 
 __all__ = ["DEFAULT_MODEL_CONFIG", "IMPALAConfig", "NotProvided", "RLModuleSpec"]
 
@@ -194,7 +194,7 @@ class IMPALAConfig(RLlibBuilders):
         self.fake_sampler = False  # reuse the first train batch forever (learner benchmarking)
         self.seed = None  # root PRNG and env seed; None = drawn at build
 
-        # .callbacks() (runtime/callbacks.py). RLlib: RLlibCallback; None here = no class.
+        # .callbacks() (rllib/callbacks.py). RLlib: RLlibCallback; None here = no class.
         self.callbacks_class = None  # an RLlibCallback subclass, its import path, or a list
         # Per-event callables (RLlib's callbacks_on_*): a callable, an import path or a list;
         # those impala_jax does not call (callbacks.UNSUPPORTED_HOOKS) must stay None.
@@ -416,7 +416,7 @@ class IMPALAConfig(RLlibBuilders):
         """Sets RLlib-style callbacks; ``callbacks_class`` may be given positionally, as in RLlib.
 
         ``callbacks_class``: an ``RLlibCallback`` subclass (RLlib's or
-        ``impala_jax.runtime.callbacks.RLlibCallback``), its import path, or a list of them;
+        ``impala_jax.rllib.callbacks.RLlibCallback``), its import path, or a list of them;
         None = none.
         Each ``on_*``: a callable or a list of callables, called after the class's method.
         """

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from impala_jax.runtime.callbacks import EPISODE_HOOKS, overrides, resolve
+from impala_jax.rllib.callbacks import EPISODE_HOOKS, overrides, resolve
 
 # Hooks called per env step or per fragment, which the compiled rollout cannot call.
 _PER_STEP_HOOKS = (*EPISODE_HOOKS, "on_episode_created", "on_episode_step", "on_sample_end")

@@ -12,11 +12,11 @@ import math
 from impala_jax.core.losses import LossSpec
 from impala_jax.core.optim import OptimizerSpec
 from impala_jax.core.update import StepSpec
+from impala_jax.rllib.callbacks import CALLBACK_KEYWORDS, CallbacksSpec
 from impala_jax.runtime.acting.env_runner import RunnerSpec
 from impala_jax.runtime.acting.env_runner_group import FaultToleranceSpec
 from impala_jax.runtime.acting.evaluation import EvaluationSpec
 from impala_jax.runtime.acting.policy import PolicySpec
-from impala_jax.runtime.callbacks import CALLBACK_KEYWORDS, CallbacksSpec
 from impala_jax.runtime.engine import DeviceSpec, HostEngineSpec
 from impala_jax.runtime.envs.vec_env import EnvSpec
 from impala_jax.runtime.learning.buffers import LoaderSpec

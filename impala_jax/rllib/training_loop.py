@@ -16,15 +16,9 @@ import jax
 import numpy as np
 
 from impala_jax.rllib.module import DEFAULT_MODULE_ID
+from impala_jax.rllib.results import train_result, trainable_info
 from impala_jax.runtime.engine import Engine
-from impala_jax.runtime.metrics import (
-    EpisodeStats,
-    SysUsage,
-    Timers,
-    merge_timers,
-    train_result,
-    trainable_info,
-)
+from impala_jax.runtime.metrics import EpisodeStats, SysUsage, Timers, merge_timers
 from impala_jax.runtime.process import checkpoint, distributed
 
 

@@ -30,8 +30,13 @@ import numpy as np
 from impala_jax.core.policy import initial_carry
 from impala_jax.core.recurrent import num_chunks
 from impala_jax.core.types import Trajectory, empty_trajectory
+from impala_jax.runtime.acting.episode_hooks import (
+    EpisodeCallbacks,
+    EpisodeHooksFactory,
+    MetricsSink,
+)
 from impala_jax.runtime.acting.host_actor import HostActor, no_gil_yield
-from impala_jax.runtime.callbacks import CallbacksSpec, EpisodeCallbacks, UserCodeError
+from impala_jax.runtime.acting.user_code import UserCodeError
 from impala_jax.runtime.envs.vec_env import (
     ActionAdapter,
     EnvpoolVecEnv,
@@ -41,7 +46,6 @@ from impala_jax.runtime.envs.vec_env import (
 )
 from impala_jax.runtime.learning.buffers import MAX_DROPPED_IN_A_ROW, FragmentDoor
 from impala_jax.runtime.metrics import Timers
-from impala_jax.runtime.metrics_logger import MetricsLogger
 
 
 def actor_key(seed: int, params, act=None):
@@ -269,7 +273,7 @@ class RunnerSpec:
     num_env_runners: int  # runner threads; 0: one runner, in lockstep in the caller's thread
     explore: bool
     disable_env_checking: bool
-    callbacks: CallbacksSpec
+    callbacks: EpisodeHooksFactory  # rllib's CallbacksSpec
 
 
 class EnvRunner:
@@ -284,7 +288,7 @@ class EnvRunner:
         param_store: ParamStore,
         seed: int,
         num_envs: int | None = None,
-        metrics_logger: MetricsLogger | None = None,
+        metrics_logger: MetricsSink | None = None,
     ):
         self.index = index
         self.spec = spec
@@ -296,7 +300,9 @@ class EnvRunner:
         self.episodes = EpisodeLog()
         # RLlib's EnvRunner.config / .metrics, which episode callbacks read and log to.
         self.config = spec.callbacks.env_runner_config
-        self.metrics = metrics_logger if metrics_logger is not None else MetricsLogger()
+        self.metrics = (
+            metrics_logger if metrics_logger is not None else spec.callbacks.new_metrics()
+        )
         # on_episode_start/_end; None without them, so stepping pays one `is None` per step.
         self.episode_callbacks = EpisodeCallbacks.make(spec.callbacks, self, self.metrics)
         self.env_steps = 0

@@ -35,7 +35,7 @@ from impala_jax.runtime.acting.env_runner import (
     actor_key,
     failure_signature,
 )
-from impala_jax.runtime.callbacks import UserCodeError
+from impala_jax.runtime.acting.user_code import UserCodeError
 from impala_jax.runtime.learning.buffers import (
     Batcher,
     LearnerQueue,
@@ -45,7 +45,6 @@ from impala_jax.runtime.learning.buffers import (
     stack,
 )
 from impala_jax.runtime.metrics import Timers
-from impala_jax.runtime.metrics_logger import MetricsLogger
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +133,8 @@ class EnvRunnerGroup:
         self._seed = seed
         self.param_store = ParamStore(params, actor_device)
         self.timers = Timers()  # stages of the learner's thread: waiting, lockstep transfer
-        self.metrics = MetricsLogger()  # what episode callbacks log (env_runners/... results)
+        # What episode callbacks log (env_runners/... results).
+        self.metrics = spec.callbacks.new_metrics()
         self.batcher = Batcher(batch_columns)
         self.runners: list[EnvRunner] = []  # live runners: their steps and episodes count
         self._threads: dict[int, RunnerThread] = {}  # runner slot -> its thread

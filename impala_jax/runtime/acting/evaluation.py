@@ -33,10 +33,10 @@ from collections.abc import Callable
 from typing import Any
 
 from impala_jax.runtime.acting.env_runner import EnvGroup, EpisodeLog, ParamStore, actor_key
-from impala_jax.runtime.callbacks import CallbacksSpec, EpisodeCallbacks, UserCodeError, describe
+from impala_jax.runtime.acting.episode_hooks import EpisodeCallbacks, EpisodeHooksFactory
+from impala_jax.runtime.acting.user_code import UserCodeError, describe
 from impala_jax.runtime.envs.vec_env import EnvSpec, make_runner_envs
-from impala_jax.runtime.metrics import EpisodeStats
-from impala_jax.runtime.metrics_logger import MetricsLogger, deep_merge
+from impala_jax.runtime.metrics import EpisodeStats, deep_merge
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class EvaluationSpec:
 
     env: EnvSpec  # the evaluation config's; num_workers: its evaluation_num_env_runners
     explore: bool  # the evaluation config's: False unless evaluation_config sets it
-    callbacks: CallbacksSpec  # the evaluation config's
+    callbacks: EpisodeHooksFactory  # the evaluation config's (rllib's CallbacksSpec)
     evaluation_num_env_runners: int  # env groups: max(1, this)
     evaluation_duration: Any  # int, or "auto"
     evaluation_duration_unit: str
@@ -119,7 +119,7 @@ class Evaluator:
         self.num_env_steps_sampled_lifetime = 0
         # Evaluation episodes' callbacks get this Evaluator as env_runner, and its own logger
         # (evaluation/env_runners/... in the results).
-        self.metrics = MetricsLogger()
+        self.metrics = spec.callbacks.new_metrics()
         self.episode_callbacks = EpisodeCallbacks.make(spec.callbacks, self, self.metrics)
 
     # -- the envs ----------------------------------------------------------------------------

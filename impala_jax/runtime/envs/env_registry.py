@@ -147,26 +147,8 @@ class EnvChoice(NamedTuple):
     name: str  # the user's spelling, for messages
 
 
+# name -> creator, written by rllib/registry.py's register_env (``impala_jax.register_env``).
 REGISTERED: dict[str, Callable] = {}
-
-
-def register_env(name: str, env_creator: Callable) -> None:
-    """Registers ``env_creator(env_context) -> gymnasium.Env`` under ``name``, as
-    ``ray.tune.register_env`` does: ``environment(name)`` then builds envs with it.
-
-    The creator gets an ``EnvContext`` (env_config plus ``worker_index``, ``num_workers``,
-    ``vector_index``). A registered name wins over a gymnasium or envpool id of the same
-    spelling, as in RLlib. A Ray Tune trial of a config naming it finds it too: the driver
-    copies it into Tune's registry, which Ray ships to every trial's process and node.
-    """
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"register_env: name must be a non-empty string, got {name!r}.")
-    if not callable(env_creator):
-        raise TypeError(
-            f"register_env({name!r}, ...): env_creator must be callable "
-            f"(env_config -> gymnasium.Env), got {env_creator!r}."
-        )
-    REGISTERED[name] = env_creator
 
 
 def registered_creator(name: str) -> Callable | None:

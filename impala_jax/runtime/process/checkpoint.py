@@ -290,6 +290,15 @@ def _runtime(m: str) -> str:
     return _RUNTIME_ROOMS.get(m, f"runtime.{m}")
 
 
+# RLlib's surface that runtime/ held until its runners called episode hooks through a protocol
+# (the callbacks classes, the MetricsLogger, the result dict), and what stayed in runtime/.
+_RUNTIME_TO_RLLIB = {
+    "callbacks": ("rllib.callbacks", "runtime.acting.user_code", "runtime.acting.episode_hooks"),
+    "metrics_logger": ("rllib.metrics_logger", "runtime.metrics"),
+    "metrics": ("runtime.metrics", "rllib.results"),
+}
+
+
 # impala_jax's modules before they were grouped into core/, runtime/, rllib/ and cli/, and where
 # their names are now; a checkpoint written then names a class (a callbacks class) by the old path.
 _MOVED_MODULES = {
@@ -297,8 +306,9 @@ _MOVED_MODULES = {
     **{
         m: (_runtime(m),)
         for m in "env_runner_group evaluation host_actor buffers distributed program_cache "
-        "jax_setup checkpoint metrics metrics_logger callbacks".split()
+        "jax_setup checkpoint".split()
     },
+    **_RUNTIME_TO_RLLIB,
     **{
         m: (f"rllib.{m}",) for m in "config model_config_checks specs checkpointable module".split()
     },
@@ -314,6 +324,7 @@ _MOVED_MODULES = {
     "config_checks": ("rllib.checks", "rllib.values", "rllib.model_config_checks", "rllib.specs"),
     "rllib_compat": ("rllib.compat", "rllib.compat_tables"),
     **{f"runtime.{m}": (new,) for m, new in _RUNTIME_ROOMS.items()},
+    **{f"runtime.{m}": new for m, new in _RUNTIME_TO_RLLIB.items()},
 }
 
 

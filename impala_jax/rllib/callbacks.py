@@ -1,5 +1,9 @@
 """RLlib-style callbacks (``config.callbacks(...)``); they log to metrics_logger.MetricsLogger.
 
+The runners and the evaluation reach the episode hooks through runtime's small protocol
+(runtime/acting/episode_hooks.py): `CallbacksSpec` makes their logger and their hooks,
+`RLlibEpisodeHooks` adapts RLlib's episode callbacks to it.
+
 RLlib 2.60's two forms both work: a callbacks class (``RLlibCallback`` subclass, from
 ``ray.rllib.callbacks.callbacks`` or from here; a list of classes too), instantiated once for the
 algorithm and once per env runner, as RLlib does; and per-event callables
@@ -30,7 +34,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from impala_jax.runtime.metrics_logger import MetricsLogger
+from impala_jax.rllib.metrics_logger import MetricsLogger
+from impala_jax.runtime.acting.episode_hooks import EpisodeHooks
+from impala_jax.runtime.acting.user_code import UserCodeError, describe
 from impala_jax.runtime.process.import_path import import_object, split_import_path
 
 __all__ = [
@@ -211,6 +217,19 @@ class CallbacksSpec:
     # user code as it is, never read here.
     env_runner_config: Any
 
+    # runtime's EpisodeHooksFactory (runtime/acting/episode_hooks.py): the runners and the
+    # evaluation make their logger and their episode hooks through these two.
+    def new_metrics(self) -> MetricsLogger:
+        return MetricsLogger()
+
+    def episode_hooks(self, env_runner: Any, metrics: MetricsLogger) -> EpisodeHooks | None:
+        """RLlib's episode callbacks for ``env_runner``; None without an episode hook (the
+        callbacks classes are instantiated per runner either way, as RLlib does)."""
+        callbacks = Callbacks.from_spec(self)
+        if not any(callbacks.has(h) for h in EPISODE_HOOKS):
+            return None
+        return RLlibEpisodeHooks(callbacks, env_runner, metrics)
+
 
 class Callbacks:
     """The receivers of every hook for one component (the algorithm, or one env runner)."""
@@ -280,35 +299,6 @@ class Callbacks:
                 raise UserCodeError(f"the {hook} callback {describe(fn)}", err) from err
 
 
-class UserCodeError(RuntimeError):
-    """User code (a callback, a custom evaluation function) raised: the run stops, not retried.
-
-    The message names the code and the error, with the original traceback in it; the original
-    exception is ``__cause__``."""
-
-    def __init__(self, what: str, error: BaseException):
-        import traceback
-
-        trace = "".join(traceback.format_exception(error)).rstrip()
-        super().__init__(
-            f"{what} raised {type(error).__name__}: {error}\n"
-            f"original traceback:\n{trace}\n"
-            "training stopped (threads ended, checkpoints already written are intact)."
-        )
-        self.error = error
-
-
-def describe(fn) -> str:
-    """``module.qualname`` of a callable (a bound method names its class)."""
-    owner = getattr(fn, "__self__", None)
-    if owner is not None and not isinstance(owner, type):
-        cls = type(owner)
-        return f"{cls.__module__}.{cls.__qualname__}.{getattr(fn, '__name__', fn)}"
-    name = getattr(fn, "__qualname__", None) or repr(fn)
-    module = getattr(fn, "__module__", None)
-    return f"{module}.{name}" if module else name
-
-
 _NO_HISTORY = (
     "impala_jax's episodes keep no per-step data on the host (steps go straight into "
     "fragments): an episode callback can read get_return(), len(episode), is_terminated, "
@@ -372,77 +362,28 @@ class Episode:
         return f"Episode(id_={self.id_!r}, len={self._length}, return={self._return:g})"
 
 
-class EpisodeCallbacks:
-    """on_episode_start / on_episode_end for the envs of one env runner (or the evaluation).
-
-    Made only when one of the two hooks has a receiver (`make` returns None otherwise), so the
-    stepping loop pays one ``is None`` test per step without callbacks. ``env_runner`` is what
-    the callbacks get as ``env_runner``.
-    """
+class RLlibEpisodeHooks:
+    """runtime's `EpisodeHooks` for the envs of one env runner (or the evaluation), with RLlib's
+    episode callbacks: each episode is an `Episode`, and the hooks get RLlib's keywords.
+    ``env_runner`` is what the callbacks get as ``env_runner``."""
 
     def __init__(self, callbacks: Callbacks, env_runner: Any, metrics_logger: MetricsLogger):
         self._callbacks = callbacks
         self._runner = env_runner
         self.metrics = metrics_logger
         self._episodes: dict[int, Episode] = {}  # env index -> its running episode
-        self._groups: dict[int, Any] = {}  # first env index -> the env group seen there
-        self._first: dict[int, int] = {}  # id(group) -> its first env index
-        self._detached = False
 
-    @classmethod
-    def make(cls, spec: CallbacksSpec, env_runner, metrics_logger) -> EpisodeCallbacks | None:
-        callbacks = Callbacks.from_spec(spec)
-        if not any(callbacks.has(h) for h in EPISODE_HOOKS):
-            return None
-        return cls(callbacks, env_runner, metrics_logger)
-
-    def detach(self) -> None:
-        """A retired runner's later episodes call nothing and log nothing."""
-        with self.metrics.lock:
-            self._detached = True
-
-    def begin(self, groups: list) -> None:
-        """Before stepping ``groups``: envs of a group not seen before (new or rebuilt) start
-        new episodes. A group has ``env`` (with ``num_envs``), ``episode_return``,
-        ``episode_len``."""
-        first = 0
-        for g in groups:
-            if self._groups.get(first) is not g:
-                self._groups[first] = g
-                self._first = {id(x): i for i, x in self._groups.items()}
-                for i in range(g.env.num_envs):
-                    self._start(first + i, g.env)
-            first += g.env.num_envs
-
-    def step(self, g, started, done, terminated, log=None, limit: int | None = None) -> int:
-        """After one env step of group ``g`` (its return and length already updated, not yet
-        reset): envs whose observation is a reset one start an episode; the first ``limit``
-        (None: all) finished episodes, in env order, end, and are added to ``log`` together
-        with what their callbacks logged. Returns how many ended."""
-        first = self._first[id(g)]
-        for i in started.nonzero()[0].tolist():
-            self._start(first + i, g.env)
-        idx = done.nonzero()[0][:limit]
-        if not len(idx):
-            return 0
-        returns, lengths = g.episode_return[idx], g.episode_len[idx]
-        with self.metrics.lock:  # an iteration's episodes and their metrics stay together
-            if self._detached:
-                return 0
-            for i, ret, length in zip(
-                idx.tolist(), returns.tolist(), lengths.tolist(), strict=True
-            ):
-                episode = self._episodes.pop(first + i)
-                episode._finish(ret, length, terminated[i])
-                self._call("on_episode_end", episode, first + i, g.env, prev_episode_chunks=[])
-            if log is not None:
-                log.add(returns, lengths)
-        return len(idx)
-
-    def _start(self, env_index: int, env) -> None:
+    def episode_started(self, *, env_index: int, env) -> None:
         episode = self._episodes[env_index] = Episode(env_index)
-        if self._callbacks.has("on_episode_start") and not self._detached:
+        if self._callbacks.has("on_episode_start"):
             self._call("on_episode_start", episode, env_index, env)
+
+    def episode_ended(
+        self, *, env_index: int, env, episode_return: float, length: int, terminated
+    ) -> None:
+        episode = self._episodes.pop(env_index)
+        episode._finish(episode_return, length, terminated)
+        self._call("on_episode_end", episode, env_index, env, prev_episode_chunks=[])
 
     def _call(self, hook: str, episode: Episode, env_index: int, env, **extra) -> None:
         self._callbacks.call(

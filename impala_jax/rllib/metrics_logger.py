@@ -107,16 +107,6 @@ def _nest(flat: Mapping[tuple, Any]) -> dict:
     return out
 
 
-def deep_merge(dst: dict, src: Mapping) -> dict:
-    """`src` merged into `dst` (nested dicts merged, other values replaced); returns `dst`."""
-    for k, v in src.items():
-        if isinstance(v, Mapping) and isinstance(dst.get(k), dict):
-            deep_merge(dst[k], v)
-        else:
-            dst[k] = v
-    return dst
-
-
 class MetricsLogger:
     """RLlib's MetricsLogger for custom metrics: ``log_value``, ``log_dict``, ``log_time``,
     ``peek``. Thread-safe: runner threads log into one logger.
