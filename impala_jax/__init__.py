@@ -4,7 +4,10 @@ from impala_jax.rllib import tune_hook
 from impala_jax.rllib.config import IMPALAConfig, NotProvided
 from impala_jax.rllib.module_spec import RLModuleSpec
 
-__all__ = ["IMPALA", "IMPALAConfig", "NotProvided", "RLModuleSpec", "SeedGroup", "register_env"]
+__all__ = [
+    *("IMPALA", "IMPALAConfig", "NotProvided", "RLModuleSpec", "RLlibCallback", "SeedGroup"),
+    "register_env",
+]
 
 
 # Ray Tune's "IMPALA" is impala_jax's once ray.tune is imported, before or after this line;
@@ -26,8 +29,12 @@ def __getattr__(name: str):
         from impala_jax.rllib.registry import register_env
 
         return register_env
+    if name == "RLlibCallback":  # RLlib's callbacks base class
+        from impala_jax.rllib.callbacks import RLlibCallback
+
+        return RLlibCallback
     raise AttributeError(f"module 'impala_jax' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"IMPALA", "SeedGroup", "register_env"})
+    return sorted(set(globals()) | {"IMPALA", "RLlibCallback", "SeedGroup", "register_env"})

@@ -568,3 +568,11 @@ def test_rllib_callback_subclass_from_ray():
 
     with pytest.raises(ValueError, match="on_episode_step"):
         IMPALAConfig().callbacks(StepsFromRay)
+
+
+def test_rllib_callback_is_on_the_face():
+    """``from impala_jax import RLlibCallback``: the path that stays when modules move."""
+    import impala_jax
+    from impala_jax.rllib.callbacks import RLlibCallback
+
+    assert impala_jax.RLlibCallback is RLlibCallback

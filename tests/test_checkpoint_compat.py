@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from impala_jax import IMPALA
 from impala_jax.rllib.callbacks import RLlibCallback
@@ -81,3 +82,35 @@ def test_paths_of_rllib_surface_once_in_runtime_name_the_same_objects_now():
         "impala_jax.runtime.metrics:Timers": "impala_jax.runtime.metrics:Timers",
     }
     assert {old: _current_paths(old) for old in moved} == moved
+
+
+PRE_ENGINES = Path(__file__).parent / "data" / "checkpoint_pre_engines"
+
+
+@pytest.mark.parametrize(("kind", "greedy"), [("host", 1), ("device", 0)])
+def test_a_checkpoint_from_before_the_engines_restores(tmp_path, kind, greedy):
+    """``tests/data/checkpoint_pre_engines`` was written by main at bad0627, before runtime/ was
+    split into rooms and the callbacks moved to rllib/: two iterations of lockstep CartPole-v1
+    (8 envs x 10 steps, mixin replay, ``fcnet_hiddens=[16]``, ``callbacks(RLlibCallback)`` stored
+    as ``impala_jax.runtime.callbacks:RLlibCallback``) and of gymnax's CartPole on device (16
+    envs x 10 steps, ``policy_lag=1``), seed 3. It restores the same state and trains on."""
+    old = tmp_path / kind
+    shutil.copytree(PRE_ENGINES / kind, old)
+    algo = IMPALA.from_checkpoint(old)
+    try:
+        if kind == "host":
+            assert algo.config.callbacks_class in (
+                RLlibCallback,
+                "impala_jax.rllib.callbacks:RLlibCallback",
+            )
+        assert algo.get_state()["counters"]["training_iteration"] == 2
+        # What main at bad0627 answered for this observation.
+        assert int(algo.compute_single_action(OBS, explore=False)) == greedy
+        again = Path(algo.save(tmp_path / "again").checkpoint.path)
+        before, after = np.load(old / "arrays.npz"), np.load(again / "arrays.npz")
+        assert sorted(before) == sorted(after)
+        for key in before:
+            np.testing.assert_array_equal(before[key], after[key], err_msg=key)
+        assert algo.train()["training_iteration"] == 3
+    finally:
+        algo.stop()
