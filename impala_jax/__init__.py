@@ -5,7 +5,12 @@ from impala_jax.rllib.config import IMPALAConfig, NotProvided
 from impala_jax.rllib.module_spec import RLModuleSpec
 
 __all__ = [
-    *("IMPALA", "IMPALAConfig", "NotProvided", "RLModuleSpec", "RLlibCallback", "SeedGroup"),
+    "IMPALA",
+    "IMPALAConfig",
+    "NotProvided",
+    "RLModuleSpec",
+    "RLlibCallback",
+    "SeedGroup",
     "register_env",
 ]
 

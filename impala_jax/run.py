@@ -181,7 +181,8 @@ def _train(args, config, stop, run_dir, name, record, resume_from, display, inte
         run_dir = display.run_dir = new_run_dir(args.logdir, name)
     if primary:
         write_run_files(run_dir, config, record)
-    algo.env_runner_group.on_down = display.runners_down  # while no runner samples
+    if algo.env_runner_group is not None:  # host runners (on device, none)
+        algo.env_runner_group.on_down = display.runners_down  # while no runner samples
     process.need_teardown(not algo._callbacks.empty)
     with algo:
         resume_iteration = resume_steps = None
