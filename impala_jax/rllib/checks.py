@@ -34,10 +34,10 @@ def start_together(config: Any, error: BaseException | None) -> None:
     (or configs that differ) raises on every one, so that none waits for a peer that quit."""
     # Imported here: they import JAX.
     from impala_jax.runtime.learning import parallel
-    from impala_jax.runtime.process import checkpoint, distributed
+    from impala_jax.runtime.process import agreement, checkpoint
 
     if parallel.joined_processes() > 1:
-        distributed.check_same_config(checkpoint.jsonable(config.to_dict()), error)
+        agreement.check_same_config(checkpoint.jsonable(config.to_dict()), error)
     if error is not None:
         raise error
 
