@@ -41,8 +41,9 @@ try:
     )
     from impala_jax.cli.stop_criteria import check_stop, check_stop_keys, parse_stop, stop_reached
     from impala_jax.rllib.values import find_search_space
-    from impala_jax.runtime.process import distributed
+    from impala_jax.runtime.process import roles
     from impala_jax.runtime.process.jax_setup import enable_compile_cache, initialize_lapack
+    from impala_jax.runtime.process.watchdog import PeerLost
 except ModuleNotFoundError as err:  # a Python without the dependencies: one line, no traceback
     if __name__ != "__main__" or not deps.is_runtime_package(err.name):
         raise
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    if not distributed.is_primary():
+    if not roles.is_primary():
         mode = "silent"  # process 0 speaks for the run
     elif args.quiet:
         mode = "quiet"
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             return _train(
                 args, config, stop, run_dir, name, record, resume_from, display, interrupt
             )
-        except (distributed.PeerLost, CheckpointFailed) as err:
+        except (PeerLost, CheckpointFailed) as err:
             display.close()
             print(f"impala_jax.run: error: {err}", file=sys.stderr)
             return EXIT_FAILED
@@ -176,7 +177,7 @@ def _train(args, config, stop, run_dir, name, record, resume_from, display, inte
         display.close()
         print(f"impala_jax.run: error: {one_line(err)}", file=sys.stderr)
         return EXIT_USAGE
-    primary = distributed.is_primary()  # the other processes of a run write nothing
+    primary = roles.is_primary()  # the other processes of a run write nothing
     if run_dir is None and primary:  # created once the config has built: a failed start, none
         run_dir = display.run_dir = new_run_dir(args.logdir, name)
     if primary:
@@ -214,7 +215,7 @@ def _train(args, config, stop, run_dir, name, record, resume_from, display, inte
 
 def _loop(algo, args, stop, run_dir, display, interrupt, writers, iteration: int) -> int:
     reason, saved_at, result, signum = None, None, None, None
-    primary = distributed.is_primary()
+    primary = roles.is_primary()
     save = functools.partial(
         checkpoint_or_warn,
         algo,

@@ -54,7 +54,7 @@ def _save_run(out: str, algo, results: list[dict]) -> None:
 
 
 def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: str) -> None:
-    from impala_jax.runtime.process import distributed
+    from impala_jax.runtime.process import collectives, distributed, roles
 
     timeouts = {}
     if os.environ.get("COLLECTIVE_TIMEOUT_S"):
@@ -69,7 +69,7 @@ def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: 
     from impala_jax.core.types import LEARNER_AXIS
     from impala_jax.runtime.learning import parallel
 
-    me = distributed.process_index()
+    me = roles.process_index()
     if mode == "psum":
         mesh = parallel.make_mesh(jax.devices())
         local = np.full((1,), float(me + 1), np.float32)  # process i holds i + 1
@@ -78,7 +78,7 @@ def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: 
             lambda v: jax.lax.psum(v, LEARNER_AXIS), mesh, (P(LEARNER_AXIS),), P()
         )(x)
         # Env-step counters past 2^31 (int64) arrive exact, not truncated to int32 by JAX.
-        counts = distributed.allgather(np.array([3_000_000_000 + me, -(2**40)], np.int64), "t")
+        counts = collectives.allgather(np.array([3_000_000_000 + me, -(2**40)], np.int64), "t")
         np.savez(out, total=np.asarray(total), counts=counts)
     elif mode == "update":
         from tests.test_learner import B, make_learner, random_batch
@@ -134,7 +134,7 @@ def main(mode: str, coordinator: str, num_processes: str, process_id: str, out: 
     elif mode == "runner_failure":
         # Only process 1's envs fail (their seeds start at PROCESS_SEED_STRIDE): both stop.
         from impala_jax.runtime.acting.env_runner_group import EnvRunnerFailure
-        from impala_jax.runtime.process.distributed import PROCESS_SEED_STRIDE
+        from impala_jax.runtime.process.roles import PROCESS_SEED_STRIDE
         from tests.fake_envs import SeededFault
 
         config = (

@@ -104,14 +104,14 @@ def test_psum_across_two_processes(tmp_path):
 
 
 def test_int64_travels_as_exact_int32_words():
-    from impala_jax.runtime.process import distributed
+    from impala_jax.runtime.process import collectives
 
     values = np.array([0, 1, 2**31 - 1, 2**31, 3_000_000_123, 2**61 + 5, -7, -(2**40)], np.int64)
-    words = distributed.to_int32_words(values)
+    words = collectives.to_int32_words(values)
     assert words.dtype == np.int32 and words.shape == (8, 2)
-    np.testing.assert_array_equal(distributed.from_int32_words(words), values)
+    np.testing.assert_array_equal(collectives.from_int32_words(words), values)
     with pytest.raises(OverflowError):
-        distributed.to_int32_words(np.array([2**62]))
+        collectives.to_int32_words(np.array([2**62]))
 
 
 @pytest.mark.timeout(300)
@@ -138,7 +138,7 @@ def test_initialize_checks_its_arguments_and_defaults_to_one_process():
 import json
 import os
 import signal
-from impala_jax.runtime.process import distributed
+from impala_jax.runtime.process import distributed, roles
 for args, needle in [
     (("nohost", 2, 0), "HOST:PORT"),
     (("127.0.0.1:1234", 2, 5), "process_id=5 must be in [0, 2)"),
@@ -165,7 +165,7 @@ except ValueError as err:
 del os.environ["IMPALA_JAX_NUM_PROCESSES"]
 assert distributed.initialize() == 1  # no cluster found: one process
 import jax
-assert jax.process_count() == 1 and distributed.is_primary()
+assert jax.process_count() == 1 and roles.is_primary()
 assert distributed.initialize() == 1  # nothing to join: a JAX program calling the CLI's main
 try:
     distributed.initialize("127.0.0.1:1234", 2, 0)
@@ -299,7 +299,7 @@ def test_a_hung_process_ends_the_other_through_the_watchdog_naming_it(tmp_path):
 
 
 class _Progress:
-    """The coordinator's key-value store as ``distributed._behind`` reads it: process 1 at
+    """The coordinator's key-value store as ``watchdog._behind`` reads it: process 1 at
     collective 7, its post number frozen (``live=False``) or advancing with every read."""
 
     def __init__(self, live: bool):
@@ -317,14 +317,14 @@ def test_a_process_stopped_inside_the_same_collective_is_named(monkeypatch, live
     # out in: its count equals ours, and only its silence tells it apart.
     from types import SimpleNamespace
 
-    from impala_jax.runtime.process import distributed
+    from impala_jax.runtime.process import roles, watchdog
 
-    monkeypatch.setattr(distributed, "_client", lambda: _Progress(live))
-    monkeypatch.setattr(distributed, "process_count", lambda: 2)
-    monkeypatch.setattr(distributed, "process_index", lambda: 0)
-    monkeypatch.setattr(distributed._Run, "watchdog", SimpleNamespace(count=7))
-    monkeypatch.setattr(distributed, "_SILENT_S", 0.01)
-    named = distributed._behind()
+    monkeypatch.setattr(roles, "client", lambda: _Progress(live))
+    monkeypatch.setattr(roles, "process_count", lambda: 2)
+    monkeypatch.setattr(roles, "process_index", lambda: 0)
+    monkeypatch.setattr(watchdog.Run, "watchdog", SimpleNamespace(count=7))
+    monkeypatch.setattr(watchdog, "_SILENT_S", 0.01)
+    named = watchdog._behind()
     if live:
         assert named == "some process"
     else:
@@ -349,14 +349,15 @@ class _SlowPosts:
 def test_the_exit_stops_the_watchdog_before_jax_shuts_its_client(monkeypatch):
     # A post still in flight when JAX's shutdown frees the client aborted process 0 from C++
     # ('terminate called after throwing', about 1 run in 13 on a loaded machine).
-    from impala_jax.runtime.process import distributed
+    from impala_jax.runtime.process import distributed, roles
+    from impala_jax.runtime.process.watchdog import Run, Watchdog
 
     client = _SlowPosts()
-    monkeypatch.setattr(distributed, "_client", lambda: client)
-    monkeypatch.setattr(distributed, "process_index", lambda: 0)
-    watchdog = distributed._Watchdog()
-    monkeypatch.setattr(distributed._Run, "watchdog", watchdog)
-    monkeypatch.setattr(distributed._Run, "peer_lost", True)  # the barrier itself is skipped
+    monkeypatch.setattr(roles, "client", lambda: client)
+    monkeypatch.setattr(roles, "process_index", lambda: 0)
+    watchdog = Watchdog()
+    monkeypatch.setattr(Run, "watchdog", watchdog)
+    monkeypatch.setattr(Run, "peer_lost", True)  # the barrier itself is skipped
     deadline = time.monotonic() + 5
     while client.in_flight == 0 and time.monotonic() < deadline:  # stop during a post
         time.sleep(0.01)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from impala_jax.cli.errors import RunError, one_line
-from impala_jax.runtime.process import distributed
+from impala_jax.runtime.process import collectives, distributed, roles
 from impala_jax.runtime.process.jax_setup import force_host_devices
 
 if TYPE_CHECKING:
@@ -78,10 +78,10 @@ class StopSignal:
 def agreed_stop(reason: str | None, signum: int | None) -> tuple[str | None, int | None]:
     """Over several processes: process 0's stop decision, and an interrupt of any process,
     taken by every process at the same iteration."""
-    if distributed.process_count() == 1:
+    if roles.process_count() == 1:
         return reason, signum
-    flags = distributed.allgather(np.array([reason is not None, signum or 0]), "the stop decision")
-    if not distributed.is_primary():
+    flags = collectives.allgather(np.array([reason is not None, signum or 0]), "the stop decision")
+    if not roles.is_primary():
         reason = "process 0 reached a stop criterion" if flags[0, 0] else None
     elif not flags[0, 0]:
         reason = None
@@ -112,7 +112,7 @@ def exit_without_teardown(code: int) -> None:
     """
     if (
         _teardown_needed
-        or distributed.process_count() > 1
+        or roles.process_count() > 1
         or any(m in sys.modules for m in ("ray", "wandb"))
     ):
         sys.exit(code)

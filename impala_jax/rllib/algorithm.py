@@ -41,7 +41,7 @@ from impala_jax.runtime.learning import parallel, program_cache
 from impala_jax.runtime.learning.learner import Learner, run_keys
 from impala_jax.runtime.metrics import deep_merge
 from impala_jax.runtime.ondevice.device_engine import DeviceEngine
-from impala_jax.runtime.process import distributed
+from impala_jax.runtime.process import collectives, roles
 from impala_jax.runtime.process.jax_setup import use_compile_cache
 
 # Algorithms not stopped by their users: stopped at interpreter exit, before daemon runner
@@ -101,7 +101,7 @@ class IMPALA(TrainingLoop, Checkpointable):
         self._primary = jax.process_index() == 0
         self._T = config.get_rollout_fragment_length()
         # The learner key stays shared; the envs' seeds and the actions' key are the process's.
-        seed, actor_key = distributed.process_seed_and_key(seed, actor_key)
+        seed, actor_key = roles.process_seed_and_key(seed, actor_key)
         error = None
         try:  # what can fail on one process alone, before the first collective
             devices, local = parallel.learner_devices(config.num_learners)
@@ -250,7 +250,7 @@ class IMPALA(TrainingLoop, Checkpointable):
             (result,) = self._iterate()
             result["evaluation"] = self.evaluate()
         if self._processes > 1:
-            result["evaluation"] = distributed.broadcast_json(
+            result["evaluation"] = collectives.broadcast_json(
                 result.get("evaluation"),
                 "process 0's evaluation",
                 extra_s=self.config.evaluation_sample_timeout_s or 0,

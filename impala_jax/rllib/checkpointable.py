@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from impala_jax.runtime.process import checkpoint, distributed
+from impala_jax.runtime.process import agreement, checkpoint, collectives
 from impala_jax.runtime.process.import_path import import_object, split_import_path
 
 # state.json's key of the config's class ("module:qualname"); a checkpoint written before it
@@ -138,10 +138,10 @@ class Checkpointable:
             shapes = [[list(np.shape(x)), np.asarray(x).dtype.str] for x in loaded["learner"]]
             return {k: loaded[k] for k in ("counters", "episodes")} | {"shapes": shapes}
 
-        head = distributed.from_process_0(header, f"process 0's checkpoint {path}")
+        head = agreement.from_process_0(header, f"process 0's checkpoint {path}")
         mine, _ = self.learner.state_arrays(replay=False)
         same = [[list(np.shape(x)), np.asarray(x).dtype.str] for x in mine] == head["shapes"]
-        agreed = distributed.allgather(np.bool_(same), "the checkpoint's shapes")
+        agreed = collectives.allgather(np.bool_(same), "the checkpoint's shapes")
         if not agreed.all():
             differ = [int(i) for i in np.flatnonzero(~agreed)]
             raise ValueError(
@@ -149,7 +149,7 @@ class Checkpointable:
                 f"optimizer of process(es) {differ}: every process must build the same config."
             )
         leaves = loaded["learner"] if loaded is not None else mine
-        leaves = distributed.broadcast_tree(leaves, "process 0's checkpoint arrays")
+        leaves = collectives.broadcast_tree(leaves, "process 0's checkpoint arrays")
         return {"learner": leaves, "replay": [], **{k: head[k] for k in ("counters", "episodes")}}
 
     def restore(self, checkpoint_path) -> None:
@@ -165,7 +165,7 @@ class Checkpointable:
 
         path = checkpoint.path_of(path)
         if jax.process_count() > 1:  # process 0 reads it (restore_from_path)
-            meta = distributed.from_process_0(
+            meta = agreement.from_process_0(
                 lambda: checkpoint.load(path)[1], f"process 0's checkpoint {path}"
             )
         else:

@@ -1,10 +1,10 @@
-"""Validation of an `IMPALAConfig`: the builders' setter-time checks and `validate()`'s checks.
+"""Validation of a whole `IMPALAConfig`: `validate()`'s checks, and the first collective of a build.
 
 `IMPALAConfig.validate()` is the entry point: it calls `validate_config`, which collects every
-problem and raises one ValueError naming each field, its value and the fix. ``SETTER_CHECKS`` are
-the few checks RLlib makes as soon as a builder is called. The config is passed in: this module
-never imports ``config.py``. What each rule is, and where it is stricter than RLlib, is listed in
-``docs/config.md``.
+problem and raises one ValueError naming each field, its value and the fix. The checks RLlib
+makes as soon as a builder is called are in ``setter_checks.py``. The config is passed in: this
+module never imports ``config.py``. What each rule is, and where it is stricter than RLlib, is
+listed in ``docs/config.md``.
 """
 
 from __future__ import annotations
@@ -15,23 +15,13 @@ from typing import Any
 from impala_jax.core.loss_spec import COEFFICIENTS as LOSS_COEFFICIENTS
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
 from impala_jax.core.optim_rules import GRAD_CLIP_BY, OPT_TYPES, SCHEDULE_FORM, schedule_problem
-from impala_jax.rllib.callbacks import (
-    CALLBACK_KEYWORDS,
-    SUPPORTED_HOOKS,
-    UNSUPPORTED_HOOKS,
-    unsupported_overrides,
-)
+from impala_jax.rllib.callbacks import CALLBACK_KEYWORDS, UNSUPPORTED_HOOKS
 from impala_jax.rllib.compat_tables import NOT_HERE
 from impala_jax.rllib.device_checks import check_device_fields
-from impala_jax.rllib.model_config_checks import merge_model_config, model_config_problems
-from impala_jax.rllib.module_spec import as_rl_module_spec, rl_module_spec_problem
-from impala_jax.rllib.values import (
-    find_search_space,
-    is_int,
-    is_real,
-    is_schedule,
-    is_search_space,
-)
+from impala_jax.rllib.model_config_checks import model_config_problems
+from impala_jax.rllib.module_spec import rl_module_spec_problem
+from impala_jax.rllib.setter_checks import FRAMEWORKS, callbacks_class_problem
+from impala_jax.rllib.values import find_search_space, is_int, is_real, is_schedule
 
 LOSS_REDUCTIONS = ("mean", "sum")
 LOG_LEVELS = ("DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL")
@@ -39,114 +29,15 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL")
 _UNSET = object()  # Validator.fail(): no value given, report the field's own
 
 
-def _check_deprecated_aggregation(name: str, replacement: str) -> Any:
-    def check(value: Any) -> None:
-        if value != -1:
-            raise ValueError(
-                f"{name}={value!r}: {name} is deprecated (as in RLlib); leave it at -1 and use "
-                f"{replacement} instead."
-            )
-
-    return check
-
-
-def _check_grad_clip_by(value: Any) -> None:
-    if not is_search_space(value) and value not in GRAD_CLIP_BY:
-        raise ValueError(f"grad_clip_by={value!r}: expected one of {GRAD_CLIP_BY}.")
-
-
-def _check_rollout_fragment_length(value: Any) -> None:
-    if is_search_space(value) or value == "auto":
-        return
-    if not (is_int(value) and value > 0):
-        raise ValueError(
-            f"rollout_fragment_length={value!r}: expected an int > 0 or 'auto' (the train batch "
-            f"divided over all envs)."
-        )
-
-
-def _check_model_config(value: Any) -> None:
-    merge_model_config(value)
-
-
-def _callbacks_class_problem(value: Any) -> str | None:
-    """Why `value` is not a callbacks_class (RLlib checks it as soon as callbacks() is called)."""
-    if value is None or find_search_space(value):
-        return None
-    for klass in value if isinstance(value, list | tuple) else [value]:
-        if not (isinstance(klass, type) or (isinstance(klass, str) and klass)):
-            return (
-                "expected None, an RLlibCallback subclass (a class, not an instance), its import "
-                "path 'pkg.mod:Cls', or a list of them"
-            )
-        if isinstance(klass, type) and unsupported_overrides(klass):
-            hook = unsupported_overrides(klass)[0]
-            return (
-                f"{klass.__qualname__} overrides {hook}, which {UNSUPPORTED_HOOKS[hook]}; remove "
-                f"it or move its logic to one of {', '.join(SUPPORTED_HOOKS)}"
-            )
-    return None
-
-
-def _check_callbacks_class(value: Any) -> None:
-    problem = _callbacks_class_problem(value)
-    if problem:
-        raise ValueError(f"callbacks_class={value!r}: {problem} (set with .callbacks(...)).")
-
-
-def _check_api_stack(name: str) -> Any:
-    def check(value: Any) -> None:
-        if value is not True and not is_search_space(value):
-            raise NotImplementedError(
-                f"api_stack({name}={value!r}): RLlib's old API stack is not offered; impala_jax "
-                f"is the new stack only (RLModule and Learner, EnvRunners), so leave it True."
-            )
-
-    return check
-
-
-FRAMEWORKS = ("jax", "torch", "tf2", "tf")
-
-
-def _check_framework(value: Any) -> None:
-    if value == "tfe":  # RLlib rejects it too
-        raise ValueError("framework='tfe' is deprecated (as in RLlib); use 'tf2'.")
-    if value not in FRAMEWORKS and not is_search_space(value):
-        raise ValueError(
-            f"framework={value!r}: expected one of {FRAMEWORKS} (impala_jax always runs JAX; "
-            f"RLlib's names are accepted so that RLlib scripts run)."
-        )
-
-
-# Checks RLlib makes as soon as the builder is called; everything else waits for validate().
-SETTER_CHECKS = {
-    "enable_rl_module_and_learner": _check_api_stack("enable_rl_module_and_learner"),
-    "enable_env_runner_and_connector_v2": _check_api_stack("enable_env_runner_and_connector_v2"),
-    "framework": _check_framework,
-    "num_aggregation_workers": _check_deprecated_aggregation(
-        "num_aggregation_workers", "learners(num_aggregator_actors_per_learner=..)"
-    ),
-    "max_requests_in_flight_per_aggregator_worker": _check_deprecated_aggregation(
-        "max_requests_in_flight_per_aggregator_worker",
-        "learners(max_requests_in_flight_per_aggregator_actor=..)",
-    ),
-    "grad_clip_by": _check_grad_clip_by,
-    "rollout_fragment_length": _check_rollout_fragment_length,
-    "model_config": _check_model_config,
-    "callbacks_class": _check_callbacks_class,
-    "rl_module_spec": as_rl_module_spec,
-}
-
-
 def start_together(config: Any, error: BaseException | None) -> None:
     """Raises ``error``; over several processes, the first collective: one process's error
     (or configs that differ) raises on every one, so that none waits for a peer that quit."""
     # Imported here: they import JAX.
     from impala_jax.runtime.learning import parallel
-    from impala_jax.runtime.process import checkpoint, distributed
+    from impala_jax.runtime.process import agreement, checkpoint
 
     if parallel.joined_processes() > 1:
-        distributed.check_same_config(checkpoint.jsonable(config.to_dict()), error)
+        agreement.check_same_config(checkpoint.jsonable(config.to_dict()), error)
     if error is not None:
         raise error
 
@@ -551,7 +442,7 @@ class _Validator:
     def _callbacks(self) -> None:
         c = self
         if c.ok("callbacks_class"):
-            problem = _callbacks_class_problem(c.value("callbacks_class"))
+            problem = callbacks_class_problem(c.value("callbacks_class"))
             if problem:
                 c.fail("callbacks_class", problem)
         for hook in CALLBACK_KEYWORDS:

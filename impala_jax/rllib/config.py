@@ -9,9 +9,10 @@ Every field is a keyword of exactly one builder method (``learner_class`` of two
 of the same name. The comment beside each default in ``__init__`` says what the field means in
 impala_jax and where the default comes from: "RLlib" means RLlib 2.60's fresh value; anything
 else is marked. ``docs/config.md`` is the user-facing version of the same table.
-Validation lives in ``checks.py`` (``model_config_checks.py`` for the model_config keys), RLlib's
-keywords not offered here in ``compat.py`` and ``compat_tables.py``, the network plug point in
-``module_spec.py`` and the model_config defaults in ``core/model_config.py``.
+Validation lives in ``checks.py`` (``setter_checks.py`` for the checks a builder makes at once,
+``model_config_checks.py`` for the model_config keys), RLlib's keywords not offered here in
+``compat.py`` and ``compat_tables.py``, the network plug point in ``module_spec.py`` and the
+model_config defaults in ``core/model_config.py``.
 
 Any value may be a Ray Tune search space (``{"grid_search": [...]}`` or an object from a
 ``ray.tune`` module) until a trial resolves it: ``validate()`` skips such values, ``to_dict()`` /
@@ -30,7 +31,7 @@ from typing import Any
 from impala_jax.core.loss_spec import COEFFICIENTS as LOSS_COEFFICIENTS
 from impala_jax.core.model_config import DEFAULT_MODEL_CONFIG
 from impala_jax.rllib.callbacks import CALLBACK_KEYWORDS
-from impala_jax.rllib.checks import SETTER_CHECKS, start_together, validate_config
+from impala_jax.rllib.checks import start_together, validate_config
 from impala_jax.rllib.compat import DECLARED, NotProvided, RLlibBuilders, route
 from impala_jax.rllib.model_config_checks import merge_model_config
 from impala_jax.rllib.module_spec import (
@@ -39,6 +40,7 @@ from impala_jax.rllib.module_spec import (
     as_rl_module_spec,
     spec_to_dict,
 )
+from impala_jax.rllib.setter_checks import SETTER_CHECKS
 from impala_jax.rllib.values import find_search_space, is_schedule, is_search_space
 
 __all__ = ["DEFAULT_MODEL_CONFIG", "IMPALAConfig", "NotProvided", "RLModuleSpec"]

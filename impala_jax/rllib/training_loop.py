@@ -19,7 +19,7 @@ from impala_jax.rllib.module import DEFAULT_MODULE_ID
 from impala_jax.rllib.results import train_result, trainable_info
 from impala_jax.runtime.engine import Engine
 from impala_jax.runtime.metrics import EpisodeStats, SysUsage, Timers, merge_timers
-from impala_jax.runtime.process import checkpoint, distributed
+from impala_jax.runtime.process import checkpoint, collectives
 
 
 class TrainingLoop:
@@ -80,7 +80,7 @@ class TrainingLoop:
             and self._env_steps_trained - trained0 >= (cfg.min_train_timesteps_per_iteration or 0)
         )
         # Process 0 decides, so every process runs the same number of updates.
-        return bool(distributed.broadcast(np.bool_(done), "process 0's end of iteration"))
+        return bool(collectives.broadcast(np.bool_(done), "process 0's end of iteration"))
 
     def _check_learner(self, learners: list[dict]) -> None:
         """Called with each member's learner metrics as soon as they are fetched."""

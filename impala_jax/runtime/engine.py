@@ -7,7 +7,7 @@ executes is the engine it holds, not a branch in that loop:
 the
   main thread in lockstep; each update takes the next batch from the runners and hands it to
   the ``Learner``. The debug samplers (``fake_sampler``, skipped learners) are its options, and
-  agreement across processes wraps its batch source (runtime/process/distributed.py).
+  agreement across processes wraps its batch source (runtime/process/agreement.py).
 - ``DeviceEngine`` (runtime/ondevice/device_engine.py): envs written in JAX, rolled out and trained
 on in
   one compiled program per update; over a member axis it runs several seeds side by side

@@ -16,7 +16,7 @@ from impala_jax.runtime.acting.env_runner_group import EnvRunnerFailure, EnvRunn
 from impala_jax.runtime.engine import HostEngineSpec, Report, Update
 from impala_jax.runtime.learning.buffers import MinibatchBuffer
 from impala_jax.runtime.metrics import Timers
-from impala_jax.runtime.process import distributed
+from impala_jax.runtime.process import agreement, collectives
 
 
 class HostEngine:
@@ -121,7 +121,7 @@ class AgreedHostEngine(HostEngine):
         def agreed(total: int) -> None:
             self._global_sampled = self._sampled_base + total
 
-        return distributed.agreed_next_batch(
+        return agreement.agreed_next_batch(
             self._source.next_batch,
             lambda: self.group.num_env_steps_sampled_lifetime,
             agreed,
@@ -131,5 +131,5 @@ class AgreedHostEngine(HostEngine):
     def _all_episodes(self, episodes: list) -> list:
         """Every process's episodes, in process order: the same window everywhere."""
         rows = np.asarray(episodes, np.float64).reshape(-1, 2)
-        rows = distributed.allgather_rows(rows, "the iteration's episodes")
+        rows = collectives.allgather_rows(rows, "the iteration's episodes")
         return [(float(r), int(n)) for r, n in rows]
