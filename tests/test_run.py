@@ -801,3 +801,15 @@ def test_the_cli_shows_why_no_runner_samples(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "No EnvRunner is sampling; the learner waits for a restart" in err, err
     assert "EnvRunner 0 failed at" in err and "injected runner failure" in err
+
+
+def test_the_cli_trains_an_on_device_experiment(tmp_path):
+    """experiments/cartpole_gymnax.py through main(), one iteration: the CLI's wiring holds for
+    an engine without host runners (a run on device has no env_runner_group)."""
+    experiment = str(ROOT / "experiments" / "cartpole_gymnax.py")
+    argv = [experiment, *TINY, "training.replay_buffer_num_slots=16", "--quiet"]
+    argv += ["--stop", "training_iteration=1", "--logdir", str(tmp_path), "--compile-cache", "none"]
+    assert run.main(argv) == 0
+    (run_dir,) = tmp_path.iterdir()
+    results = [json.loads(line) for line in (run_dir / "result.json").read_text().splitlines()]
+    assert [r["training_iteration"] for r in results] == [1]
