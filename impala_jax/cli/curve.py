@@ -9,12 +9,13 @@ Why a process: matplotlib's import and each draw are long stretches of Python, w
 thread of the training process hold the GIL that the runner thread needs after every envpool
 call (benchmarks/README.md: the learning curve off the GIL).
 
-Nothing here imports impala_jax or JAX (the drawing process loads this file alone), and
-matplotlib only where a figure is drawn.
+Nothing here imports JAX or NumPy: of impala_jax only the face (which imports neither) and
+runtime/process/atomic.py, and matplotlib only where a figure is drawn.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -23,6 +24,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from impala_jax.runtime.process.atomic import write_atomic
 
 RETURN_KEY = "env_runners/episode_return_mean"
 STEPS_KEY = "num_env_steps_sampled_lifetime"
@@ -89,15 +92,9 @@ def draw(path: Path, points: list[Point], stop: Mapping[str, Any], title: str) -
     plot_curve(ax, points, stop)
     if title:
         ax.set_title(title)
-    # runtime/checkpoint.write_atomic's rule, spelled out: this file runs alone in the drawing
-    # process and imports nothing of impala_jax.
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    try:
-        fig.savefig(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    write_atomic(path, png.getvalue())
 
 
 def serve(lines, path: Path, stop: Mapping[str, Any], title: str) -> None:

@@ -37,7 +37,7 @@ from impala_jax.cli.curve import (  # noqa: F401  (plot_curve: the notebooks dra
     step_budget,
 )
 from impala_jax.rllib.results import flatten, lookup
-from impala_jax.runtime.process.checkpoint import write_atomic
+from impala_jax.runtime.process.atomic import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -259,11 +259,15 @@ class CurvePlotter:
 
     def _start(self) -> subprocess.Popen | None:
         spec = {"path": str(self.path), "stop": json_safe(self.stop), "title": self.title}
+        # -P keeps curve.py's folder off the drawing process's sys.path (its modules would shadow
+        # any of the same name); the folder holding impala_jax/ goes on it, installed or not,
+        # for the one write every file takes (runtime/process/atomic.py).
+        package_root = str(Path(curve.__file__).resolve().parents[2])
+        path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         try:
-            # -P keeps curve.py's folder (impala_jax/, whose types.py would shadow the standard
-            # library's) off the drawing process's sys.path.
             proc = subprocess.Popen(
                 [sys.executable, "-P", curve.__file__, json.dumps(spec)],
+                env={**os.environ, "PYTHONPATH": path},
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=self._stderr,

@@ -14,7 +14,7 @@ from typing import Any
 
 from impala_jax.cli import loggers
 from impala_jax.cli.errors import RunError, one_line
-from impala_jax.runtime.process.checkpoint import write_atomic
+from impala_jax.runtime.process.atomic import write_atomic
 
 RUN_FILE = "run.json"
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")

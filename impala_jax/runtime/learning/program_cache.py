@@ -30,7 +30,7 @@ from typing import Any
 
 import jax
 
-from impala_jax.runtime.process.checkpoint import write_atomic
+from impala_jax.runtime.process.atomic import write_atomic
 
 logger = logging.getLogger(__name__)
 
