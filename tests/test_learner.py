@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from impala_jax.core import losses
+from impala_jax.core import vtrace as vtrace_module
 from impala_jax.core.distributions import make_distribution
 from impala_jax.core.losses import LossSpec
 from impala_jax.core.networks import make_networks
@@ -388,3 +392,125 @@ def test_unrolled_minibatch_updates_equal_the_scanned_ones(monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for key in ("total_loss", "entropy", "gradients_default_optimizer_global_norm"):
         np.testing.assert_allclose(unrolled_metrics[key], scanned_metrics[key], rtol=1e-5)
+
+
+def _loss_on(networks, params, batch, loss_spec):
+    """``impala_loss`` recomputed from scratch on ``batch`` at ``params``: the learner's loss,
+    without the learner."""
+    t1, b = batch.obs.shape[:2]
+    dist_inputs, values = networks.apply(params, jnp.asarray(batch.obs).reshape(t1 * b, -1))
+    discount = loss_spec.gamma * (1.0 - jnp.asarray(batch.terminated, jnp.float32))
+    return losses.impala_loss(
+        dist_inputs.reshape(t1, b, -1)[:-1],
+        values.reshape(t1, b),
+        jnp.asarray(batch.behaviour_logits),
+        jnp.asarray(batch.action),
+        jnp.asarray(batch.reward),
+        discount,
+        jnp.asarray(batch.valid),
+        distribution=make_distribution(ACT),
+        **loss_spec.loss_keywords(),
+    )[0]
+
+
+@pytest.mark.timeout(120)
+def test_the_learner_step_bootstraps_a_truncated_step_and_not_a_terminated_one(monkeypatch):
+    # Catches: the learner's discount treating truncation as termination (core/update.py,
+    # `terminated | truncated` where `terminated` belongs), which only a learning run on a
+    # time-limited env would otherwise show. Column 0's step 0 is truncated, column 1's is
+    # terminated, both with reward r; row 1 of each is the reset row (obs[1] is the final
+    # observation). rho is clipped to 1 at step 0 and is 0 on the reset row, lambda is 1, so
+    # V-trace's target there is exactly r + gamma * V(final obs) when truncated, r when
+    # terminated.
+    seen = []
+
+    def spy(**kw):
+        out = vtrace_module.vtrace(**kw)
+        jax.debug.callback(lambda vs: seen.append(np.asarray(vs)), out.vs)
+        return out
+
+    monkeypatch.setattr(losses, "vtrace", spy)
+    gamma, r = 0.9, 0.5
+    loss_spec = LossSpec(gamma, 0.5, 0.01, 1.0, 1.0, None)
+    networks = make_networks({"fcnet_hiddens": [8]}, OBS, ACT)
+    learner = Learner(
+        networks,
+        make_distribution(ACT),
+        OptimizerSpec(lr=1e-2),
+        loss_spec,
+        StepSpec(2, 0, 0, 2, num_epochs=1, shuffle=False),
+        jax.devices()[:1],
+        jax.random.key(0),
+    )
+    params = jax.device_get(learner.state.params)
+    # A value far from 0 everywhere, so bootstrapping from it or not cannot be confused.
+    params["vf"] = jax.tree.map(lambda x: x + 3.0 if x.ndim == 1 else x, params["vf"])
+    learner.set_params(params)
+    rng = np.random.default_rng(0)
+    batch = Trajectory(
+        obs=rng.normal(size=(3, 2, 4)).astype(np.float32),
+        action=np.ones((2, 2), np.int32),
+        # The behaviour policy all but never takes action 1: rho >> 1, clipped to exactly 1.
+        behaviour_logits=np.tile(np.float32([5.0, -5.0]), (2, 2, 1)),
+        reward=np.float32([[r, r], [0.0, 0.0]]),
+        terminated=np.array([[False, True], [False, False]]),
+        truncated=np.array([[True, False], [False, False]]),
+        valid=np.float32([[1, 1], [0, 0]]),
+        param_version=np.zeros(2, np.int32),
+    )
+    metrics = jax.device_get(learner.update(learner.put_batch(batch), env_steps=0))
+    jax.effects_barrier()
+    assert len(seen) == 1, len(seen)
+    _, v_final = networks.apply(params, jnp.asarray(batch.obs[1]))
+    v_final = np.asarray(v_final)  # V(obs[1]): each column's final observation
+    assert np.all(np.abs(v_final) > 1.0), v_final
+    vs = seen[0]
+    np.testing.assert_allclose(vs[0, 0], r + gamma * v_final[0], rtol=1e-5, err_msg="truncated")
+    np.testing.assert_allclose(vs[0, 1], r, rtol=1e-5, err_msg="terminated")
+    # What the user reads: the step's mean V-trace target over the two valid rows.
+    np.testing.assert_allclose(metrics["mean_vs"], r + gamma * v_final[0] / 2, rtol=1e-5)
+
+
+@pytest.mark.timeout(120)
+def test_replayed_columns_reach_the_loss():
+    # Catches: mixin replay's draw not reaching the loss (core/update.py's `mix_replay`
+    # returning the new batch unchanged, or its replayed columns zeroed or masked), which only
+    # an env-steps-trained counter showed. With replay_columns=2 the second step's loss must
+    # be impala_loss on its 4 new columns plus 2 columns drawn from the first step's 4 (the
+    # only filled slots): one of the 10 multisets, found by trying each.
+    b, replayed = 4, 2
+    loss_spec = LossSpec(0.99, 0.5, 0.01, 1.0, 1.0, None)
+    networks = make_networks({"fcnet_hiddens": [8]}, OBS, ACT)
+    learner = Learner(
+        networks,
+        make_distribution(ACT),
+        OptimizerSpec(lr=1e-2),
+        loss_spec,
+        StepSpec(b, replayed, 2 * b, b + replayed, num_epochs=1, shuffle=False),
+        jax.devices()[:1],
+        jax.random.key(0),
+    )
+    loss_on = jax.jit(lambda p, batch: _loss_on(networks, p, batch, loss_spec))
+    first, second = random_batch(1, b), random_batch(2, b)
+    params = jax.device_get(learner.state.params)
+    metrics = jax.device_get(learner.update(learner.put_batch(first), env_steps=0))
+    # Before any insert the slots hold nothing: the first step's loss is its new columns'.
+    np.testing.assert_allclose(metrics["total_loss"], loss_on(params, first), rtol=1e-5)
+    params = jax.device_get(learner.state.params)
+    metrics = jax.device_get(learner.update(learner.put_batch(second), env_steps=b))
+    new_only = float(loss_on(params, second))
+    candidates = {}
+    for cols in itertools.combinations_with_replacement(range(b), replayed):
+        mixed = jax.tree.map(
+            lambda n, o, cols=cols: np.concatenate([n, o[:, list(cols)]], axis=1),
+            second._replace(param_version=None),
+            first._replace(param_version=None),
+        )
+        candidates[cols] = float(loss_on(params, mixed))
+    # The draw must be visible at all: every candidate's loss is apart from the new-only one.
+    assert min(abs(v - new_only) for v in candidates.values()) > 1e-3, (new_only, candidates)
+    reported = float(metrics["total_loss"])
+    best = min(candidates, key=lambda c: abs(candidates[c] - reported))
+    np.testing.assert_allclose(
+        reported, candidates[best], rtol=1e-5, err_msg=f"new-only loss {new_only}; {candidates}"
+    )
