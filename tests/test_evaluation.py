@@ -257,3 +257,48 @@ def test_custom_evaluation_function_signature_and_return_value(clock_algo):
             bad.evaluate(clock_algo)
     finally:
         bad.close()
+
+
+# The action of every step an evaluation copy of ActionEnv took, in order.
+EVAL_ACTIONS: list[int] = []
+
+
+class ActionEnv(ClockEnv):
+    """A ClockEnv (the same spaces, one observation) that records its evaluation actions."""
+
+    def step(self, action):
+        if self.is_eval:
+            EVAL_ACTIONS.append(int(action))
+        return super().step(action)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("train_explore, eval_explore", [(True, False), (False, True)])
+def test_evaluation_explores_as_evaluation_config_says(clock_algo, train_explore, eval_explore):
+    # Every step sees the same observation, so a greedy policy takes one action throughout (the
+    # greedy action of act_greedy); a sampling one, from the untrained policy's two near-even
+    # logits, takes both within 40 steps. The training config's explore must not matter.
+    config = clock_algo.config.copy(copy_frozen=False)
+    config.environment(ActionEnv, env_config={"length": 5})
+    config.env_runners(explore=train_explore, num_envs_per_env_runner=4)
+    config.evaluation(evaluation_duration=8, evaluation_config={"explore": eval_explore})
+    config.validate()
+    EVAL_ACTIONS.clear()
+    ev = Evaluator(
+        specs.evaluation_spec(config.freeze()),
+        clock_algo._act,
+        clock_algo._act_greedy,
+        clock_algo.param_store,
+        seed=1,
+    )
+    try:
+        steps = ev.evaluate()["env_runners"]["num_env_steps_sampled"]
+    finally:
+        ev.close()
+    assert steps == len(EVAL_ACTIONS) == 40
+    if eval_explore:
+        assert set(EVAL_ACTIONS) == {0, 1}
+    else:
+        params, _ = clock_algo.param_store.get()
+        greedy = np.asarray(clock_algo._act_greedy(params, np.zeros((1, 2), np.float32))[0])
+        assert set(EVAL_ACTIONS) == {int(greedy[0])}

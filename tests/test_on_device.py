@@ -352,3 +352,75 @@ def test_a_bounded_box_without_normalize_or_clip_is_an_error_on_device():
         config.build()
     with _small().environment("gymnax:Pendulum-v1").build() as algo:  # normalized: trains
         assert algo.train()["num_env_steps_sampled_lifetime"] > 0
+
+
+def test_on_device_envs_get_distinct_keys():
+    """The engine's envs (initial_envs) each draw from a key of their own: their first
+    observations differ, so do the actions a sampling policy takes in them, their first
+    episodes' lengths, and the observations they reset to after them."""
+    from impala_jax.runtime.ondevice.device_engine import initial_envs
+
+    n, T = 8, 120
+    env = make_jax_env(ENV)
+
+    def coin_policy(params, obs, keys):  # a fair coin per env, from that env's key
+        action = jax.vmap(lambda k: jax.random.bernoulli(k).astype(jnp.int32))(keys)
+        return action, jnp.zeros((n, 2))
+
+    carry = initial_envs(env, 3, 0, n)
+    first_obs = np.asarray(carry.obs)
+    _, traj, episodes = jax.jit(make_rollout(env, coin_policy, lambda a: a, T))(None, carry)
+    ended = np.asarray(episodes.ended)
+    assert ended.any(axis=0).all(), "every env ends an episode within T steps"
+    first_end = ended.argmax(axis=0)  # the row each env's first episode ends at
+    assert (first_end + 2 < T).all()
+    lengths = np.asarray(episodes.episode_len)[first_end, np.arange(n)]
+    reset_obs = np.asarray(traj.obs)[first_end + 2, np.arange(n)]  # after the reset row
+
+    assert len({tuple(o) for o in first_obs.tolist()}) == n
+    assert len({tuple(o) for o in reset_obs.tolist()}) == n
+    assert len(set(np.asarray(traj.action)[0].tolist())) == 2
+    assert len(set(lengths.tolist())) > 1, lengths
+
+
+def test_seeds_of_a_group_differ_and_seed_i_is_seed_i_alone_small():
+    """The fast test_seed_i_of_a_group_is_seed_i_alone, at a tiny size (4 envs, fragments of 25,
+    an MLP of 8, 2 updates): the group's seeds start from different params and different
+    envs, end different episodes, and the second gives what it gives alone."""
+    from impala_jax import SeedGroup
+
+    config = (
+        _small()
+        .env_runners(num_envs_per_env_runner=4, rollout_fragment_length=25)
+        .training(train_batch_size_per_learner=100, minibatch_size=None)
+        .rl_module(model_config={"fcnet_hiddens": [8]})
+    )
+    seeds = (3, 4)
+    with SeedGroup(config, seeds) as group:
+        initial = [group.get_weights(s)["default_policy"] for s in seeds]
+        first_obs = np.asarray(group.engine._carry.obs)  # [seed, env, obs]
+        grouped = [group.train() for _ in range(2)]
+        weights = [group.get_weights(s)["default_policy"] for s in seeds]
+    kernels = [[x for x in jax.tree.leaves(p) if x.ndim > 1] for p in initial]  # biases: 0
+    same_kernels = [np.array_equal(x, y) for x, y in zip(*kernels, strict=True)]
+    assert same_kernels and not any(same_kernels), f"seeds 3 and 4 share kernels: {same_kernels}"
+    shared = np.isin(first_obs[0], first_obs[1])
+    assert not shared.any(), f"seed 3's first observations hold seed 4's: {shared.tolist()}"
+    episodes = [
+        [(r["env_runners"]["episode_return_mean"], r["env_runners"]["num_episodes"]) for r in rs]
+        for rs in zip(*grouped, strict=True)
+    ]
+    assert episodes[0] != episodes[1], episodes
+    # Seed 4 alone (one build: the slow test compares every seed): the second member, which a
+    # group that gives its members its first seed's keys would run as seed 3.
+    alone, params = _train(config.debugging(seed=4), 2)
+    for a, b in zip(alone, [results[1] for results in grouped], strict=True):
+        assert b["seed"] == 4
+        assert a["env_runners"]["num_episodes"] > 0
+        assert a["env_runners"]["episode_return_mean"] == b["env_runners"]["episode_return_mean"]
+        assert a["num_env_steps_sampled_lifetime"] == b["num_env_steps_sampled_lifetime"]
+        la, lb = a["learners"]["default_policy"], b["learners"]["default_policy"]
+        assert la["total_loss"] == pytest.approx(lb["total_loss"], rel=1e-4)
+    pairs = zip(jax.tree.leaves(params), jax.tree.leaves(weights[1]), strict=True)
+    for x, y in pairs:  # Adam's normalised step: see test_one_device_equals_two_devices
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-4)
