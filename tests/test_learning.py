@@ -63,7 +63,9 @@ def test_cartpole_reaches_450_while_runners_are_killed():
         .env_runners(num_env_runners=2, num_envs_per_env_runner=32)
         .fault_tolerance(delay_between_env_runner_restarts_s=0.0)
     )
-    best, result = train_until(config, "episode_return_mean", 450, 8_000_000, kill_every=3)
+    # A runner killed after every iteration: on a quiet machine CartPole can reach 450 by the
+    # sixth iteration, before a kill every third iteration has caused a second restart.
+    best, result = train_until(config, "episode_return_mean", 450, 8_000_000, kill_every=1)
     assert best >= 450, result["env_runners"]
     assert result["fault_tolerance"]["num_remote_worker_restarts"] >= 2
 
