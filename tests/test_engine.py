@@ -118,3 +118,12 @@ def test_training_step_reads_like_the_paper_and_a_seed_group_stays_small():
     assert len(step) <= 15, "\n".join(step)
     assert not any(flag in "\n".join(step) for flag in ("_on_device", "fake", "skip", "process"))
     assert len(inspect.getsource(seed_group).splitlines()) <= 80
+
+
+def test_each_result_owns_its_fault_counts():
+    """A result changed by its reader (a callback, a logger) leaves the next one as it was: the
+    device engine's fault counts are one constant, handed out as copies."""
+    with _gymnax().build() as algo:
+        first = algo.train()
+        first["fault_tolerance"]["num_env_restarts"] = 99
+        assert algo.train()["fault_tolerance"]["num_env_restarts"] == 0

@@ -10,6 +10,7 @@ each member of the engine (one run, or each seed of a group).
 
 from __future__ import annotations
 
+import copy
 import time
 
 import jax
@@ -146,7 +147,8 @@ class TrainingLoop:
                 total_batch_size=self.batch_env_steps,
                 learner_queue_size=report.queue_size,
                 sys_usage=sys_usage,
-                fault_tolerance=report.fault_tolerance,
+                # Each result its own: the device engine's counts are a module constant.
+                fault_tolerance=copy.deepcopy(report.fault_tolerance),
                 trainable=trainable_info(
                     self._iterations_since_restore, self._time_since_restore, self._result_config
                 ),
