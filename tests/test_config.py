@@ -156,7 +156,7 @@ DIFFERENCES = {
 EXTRA_MODEL_KEYS = {
     "encoder": "auto",
     "impala_cnn_channels": [16, 32, 32],
-    "post_fcnet_hiddens": [],
+    "post_fcnet_hiddens": None,
     "post_fcnet_activation": "relu",
 }
 

@@ -159,16 +159,92 @@ def test_head_hiddens():
 
 
 def test_post_fcnet_hiddens_follow_the_encoder():
-    # RLlib's old-stack key (its tuned Pong example passes it): dense layers after the encoder.
+    # RLlib's old-stack key (its tuned Pong example passes it): the dense layers after a CNN's
+    # flatten, in place of its own dense layer, as in RLlib's old-stack vision network.
     nets = make_networks({"post_fcnet_hiddens": [6], "post_fcnet_activation": "tanh"}, *ATARI)
     params, _, _ = _check_outputs(nets, _obs(ATARI[0], 2), 2, 6)
-    post = params["encoder"]["post"]["Dense_0"]["kernel"]
-    assert post.shape == (512, 6)  # after the Nature CNN's dense 512
+    assert params["encoder"]["Dense_0"]["kernel"].shape == (7 * 7 * 64, 6)  # no dense 512
+    assert "Dense_1" not in params["encoder"]
     assert params["pi"]["Dense_0"]["kernel"].shape[0] == 6
+    # tanh, not the convs' relu: features can be negative.
+    _, _, features = nets.apply(params, _obs(ATARI[0], 8), with_features=True)
+    assert float(jnp.min(features)) < 0.0
+    flat = make_networks({"post_fcnet_hiddens": []}, *ATARI)
+    params, _, _ = _check_outputs(flat, _obs(ATARI[0], 2), 2, 6)
+    assert not any(k.startswith("Dense") for k in params["encoder"])
+    assert params["pi"]["Dense_0"]["kernel"].shape[0] == 7 * 7 * 64
+    # After the MLP encoder they are added on top.
     small = make_networks({**SMALL_MLP, "post_fcnet_hiddens": [3, 5]}, *CARTPOLE)
     params, _, _ = _check_outputs(small, _obs(CARTPOLE[0], 2), 2, 2)
     assert params["encoder"]["post"]["Dense_1"]["kernel"].shape == (3, 5)
     assert params["vf"]["Dense_0"]["kernel"].shape[0] == 5
+
+
+def _count(params) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+
+
+def _dense(n_in, n_out):
+    return n_in * n_out + n_out
+
+
+def _conv(c_in, c_out, k):
+    return k * k * c_in * c_out + c_out
+
+
+MINATAR = (gym.spaces.Box(0, 1, (10, 10, 4), np.bool_), gym.spaces.Discrete(3))
+
+
+@pytest.mark.parametrize(
+    "name, model_config, spaces, expected",
+    [
+        # Mnih et al. 2015 (Methods): three convs (VALID), dense 512, then the outputs; the
+        # policy's 6 logits and the value.
+        (
+            "nature",
+            {"encoder": "nature_cnn"},
+            ATARI,
+            _conv(4, 32, 8)
+            + _conv(32, 64, 4)
+            + _conv(64, 64, 3)
+            + _dense(7 * 7 * 64, 512)
+            + _dense(512, 6)
+            + _dense(512, 1),
+        ),
+        # Young & Tian 2019 (MinAtar): one 3x3 conv of 16 channels, stride 1, VALID on the 10x10
+        # grid (8x8 out), dense 128, then the outputs: 132,308 params for Breakout's 3 actions.
+        (
+            "minatar",
+            {
+                "encoder": "nature_cnn",
+                "conv_filters": [[16, 3, 1, "valid"]],
+                "post_fcnet_hiddens": [128],
+            },
+            MINATAR,
+            _conv(4, 16, 3) + _dense(8 * 8 * 16, 128) + _dense(128, 3) + _dense(128, 1),
+        ),
+        # Espeholt et al. 2018 (fig. 3): 3 stacks of conv + 2 residual blocks, dense 256.
+        (
+            "impala",
+            {"encoder": "impala_cnn"},
+            ATARI,
+            sum(_conv(c_in, c, 3) + 4 * _conv(c, c, 3) for c_in, c in [(4, 16), (16, 32), (32, 32)])
+            + _dense(11 * 11 * 32, 256)
+            + _dense(256, 6)
+            + _dense(256, 1),
+        ),
+        # PureJaxRL's MinAtar MLP (64-64) on the flattened grid, policy and value sharing it.
+        (
+            "mlp",
+            {"encoder": "mlp", "fcnet_hiddens": [64, 64], "fcnet_activation": "relu"},
+            MINATAR,
+            _dense(400, 64) + _dense(64, 64) + _dense(64, 3) + _dense(64, 1),
+        ),
+    ],
+)
+def test_documented_networks_have_their_param_counts(name, model_config, spaces, expected):
+    params = make_networks(model_config, *spaces).init(jax.random.key(0))
+    assert _count(params) == expected, name
 
 
 def test_separate_value_encoder_does_not_touch_policy():

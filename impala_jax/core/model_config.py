@@ -65,8 +65,10 @@ DEFAULT_MODEL_CONFIG: Mapping[str, Any] = types.MappingProxyType(
         "fusionnet_bias_initializer": None,
         "fusionnet_bias_initializer_kwargs": None,
         # RLlib's old-stack ModelConfig keys, which its tuned examples still pass (Pong):
-        # dense layers after the encoder, shared by the policy and value heads.
-        "post_fcnet_hiddens": [],
+        # dense layers after the encoder, shared by the policy and value heads. None: a CNN
+        # encoder's own dense layer (Nature 512, IMPALA 256), nothing after the MLP; a list
+        # replaces a CNN's own (networks.py `_make_encoder`).
+        "post_fcnet_hiddens": None,
         "post_fcnet_activation": "relu",
         # impala_jax: "auto" = "mlp" for 1-D observations, "nature_cnn" for images.
         "encoder": "auto",

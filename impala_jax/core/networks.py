@@ -135,14 +135,20 @@ class PostLayers(nn.Module):
 
 
 class NatureCNN(nn.Module):
-    """Mnih et al. 2015: convs, flatten, dense 512; input NHWC float.
+    """Mnih et al. 2015: convs, flatten, then the dense layers `dense` (Nature's: one of 512);
+    input NHWC float.
 
     `conv_filters`: (out_channels, (kh, kw), (sh, sw), padding) per layer; see `conv_layers`.
+    `dense`: the layer sizes after the flatten, each with `dense_activation` and `dense_inits`
+    (None: the convs' activation and initializers); empty: the flattened convs are the features.
     """
 
     conv_filters: Sequence[tuple]
     activation: Callable[[jax.Array], jax.Array]
     inits: Inits = Inits()
+    dense: Sequence[int] = (NATURE_DENSE,)
+    dense_activation: Callable[[jax.Array], jax.Array] | None = None
+    dense_inits: Inits | None = None
 
     @nn.compact
     def __call__(self, x):
@@ -158,8 +164,16 @@ class NatureCNN(nn.Module):
             )(x)
             x = self.activation(x)
         x = x.reshape((x.shape[0], -1))
-        dense = nn.Dense(NATURE_DENSE, kernel_init=kernel_init, bias_init=bias_init)
-        return self.activation(dense(x))
+        return _dense_layers(
+            x, self.dense, self.dense_activation or self.activation, self.dense_inits or self.inits
+        )
+
+
+def _dense_layers(x, sizes: Sequence[int], activation, inits: Inits):
+    """The CNN encoders' dense layers after the flatten (inside a compact module)."""
+    for size in sizes:
+        x = activation(nn.Dense(size, kernel_init=inits.kernel, bias_init=inits.bias)(x))
+    return x
 
 
 class ResidualBlock(nn.Module):
@@ -179,10 +193,14 @@ class ResidualBlock(nn.Module):
 
 class ImpalaCNN(nn.Module):
     """Espeholt et al. 2018, fig. 3 (right): per channel count a 3x3 conv, a 3x3 stride-2 max-pool
-    and two residual blocks; then relu, flatten, dense 256 with relu. Input NHWC float."""
+    and two residual blocks; then relu, flatten and the dense layers `dense` (the paper's: one
+    of 256, relu). Input NHWC float."""
 
     channels: Sequence[int]
     inits: Inits = Inits()
+    dense: Sequence[int] = (IMPALA_DENSE,)  # as NatureCNN's; the paper's activation is relu
+    dense_activation: Callable[[jax.Array], jax.Array] | None = None
+    dense_inits: Inits | None = None
 
     @nn.compact
     def __call__(self, x):
@@ -194,7 +212,9 @@ class ImpalaCNN(nn.Module):
             x = ResidualBlock(self.inits)(x)
         x = nn.relu(x)
         x = x.reshape((x.shape[0], -1))
-        return nn.relu(nn.Dense(IMPALA_DENSE, kernel_init=k, bias_init=b)(x))
+        return _dense_layers(
+            x, self.dense, self.dense_activation or nn.relu, self.dense_inits or self.inits
+        )
 
 
 class PolicyHead(nn.Module):
@@ -332,19 +352,24 @@ def part_inits(config: Mapping[str, Any], prefix: str, head: bool = False) -> In
 
 
 def _make_encoder(name: str, config: Mapping[str, Any]) -> nn.Module:
+    """The encoder `name` with `post_fcnet_hiddens`: None keeps a CNN's own dense layer (Nature's
+    512, IMPALA's 256) and adds nothing to the MLP; a list is the dense layers after a CNN's
+    flatten (replacing its own, as in RLlib's old-stack vision network) or after the MLP."""
+    post_sizes = config["post_fcnet_hiddens"]
+    if post_sizes is None:
+        return _make_base_encoder(name, config)
+    post_activation = _activation(config["post_fcnet_activation"], "post_fcnet_activation")
+    post_inits = part_inits(config, "fcnet")
+    if name != "mlp":
+        dense = {"dense": tuple(post_sizes), "dense_activation": post_activation}
+        return _make_base_encoder(name, config, **dense, dense_inits=post_inits)
     encoder = _make_base_encoder(name, config)
-    if not config["post_fcnet_hiddens"]:
+    if not post_sizes:
         return encoder
-    post = MLP(
-        tuple(config["post_fcnet_hiddens"]),
-        _activation(config["post_fcnet_activation"], "post_fcnet_activation"),
-        False,
-        part_inits(config, "fcnet"),
-    )
-    return PostLayers(encoder, post)
+    return PostLayers(encoder, MLP(tuple(post_sizes), post_activation, False, post_inits))
 
 
-def _make_base_encoder(name: str, config: Mapping[str, Any]) -> nn.Module:
+def _make_base_encoder(name: str, config: Mapping[str, Any], **dense) -> nn.Module:
     if name == "mlp":
         return MLP(
             tuple(config["fcnet_hiddens"]),
@@ -355,8 +380,8 @@ def _make_base_encoder(name: str, config: Mapping[str, Any]) -> nn.Module:
     inits = part_inits(config, "conv")
     if name == "nature_cnn":
         activation = _activation(config["conv_activation"], "conv_activation")
-        return NatureCNN(conv_layers(config["conv_filters"]), activation, inits)
-    return ImpalaCNN(tuple(int(c) for c in config["impala_cnn_channels"]), inits)
+        return NatureCNN(conv_layers(config["conv_filters"]), activation, inits, **dense)
+    return ImpalaCNN(tuple(int(c) for c in config["impala_cnn_channels"]), inits, **dense)
 
 
 def _make_preprocess(

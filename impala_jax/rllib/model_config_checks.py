@@ -61,6 +61,34 @@ def merge_model_config(value: Any) -> Any:
     return merged
 
 
+def _ints(v: Any) -> bool:
+    return isinstance(v, list | tuple) and all(is_int(x) and x > 0 for x in v)
+
+
+def _size(v: Any) -> bool:
+    return (is_int(v) and v > 0) or (
+        isinstance(v, list | tuple) and len(v) == 2 and all(is_int(x) and x > 0 for x in v)
+    )
+
+
+def _conv_filter(f: Any) -> bool:
+    return (
+        isinstance(f, list | tuple)
+        and len(f) in (3, 4)
+        and is_int(f[0])
+        and f[0] > 0
+        and _size(f[1])
+        and _size(f[2])
+        and (len(f) == 3 or str(f[3]).lower() in ("same", "valid"))
+    )
+
+
+def _filters(v: Any) -> bool:
+    return v is None or (
+        isinstance(v, list | tuple) and len(v) > 0 and all(_conv_filter(f) for f in v)
+    )
+
+
 def model_config_problems(mc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     """(field, what it expects, value) for every key of ``mc`` that breaks its rule; keys still
     holding a Tune search space are skipped (a trial resolves them)."""
@@ -76,30 +104,6 @@ def model_config_problems(mc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
             good = False
         if not good:
             problems.append((f"model_config['{k}']", f"expected {expected}", v))
-
-    def ints(v: Any) -> bool:
-        return isinstance(v, list | tuple) and all(is_int(x) and x > 0 for x in v)
-
-    def size(v: Any) -> bool:
-        return (is_int(v) and v > 0) or (
-            isinstance(v, list | tuple) and len(v) == 2 and all(is_int(x) and x > 0 for x in v)
-        )
-
-    def conv_filter(f: Any) -> bool:
-        return (
-            isinstance(f, list | tuple)
-            and len(f) in (3, 4)
-            and is_int(f[0])
-            and f[0] > 0
-            and size(f[1])
-            and size(f[2])
-            and (len(f) == 3 or str(f[3]).lower() in ("same", "valid"))
-        )
-
-    def filters(v: Any) -> bool:
-        return v is None or (
-            isinstance(v, list | tuple) and len(v) > 0 and all(conv_filter(f) for f in v)
-        )
 
     def initializer(bias: bool) -> Any:
         names = BIAS_INITIALIZERS if bias else tuple(INITIALIZER_KWARGS)
@@ -126,10 +130,14 @@ def model_config_problems(mc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
             "have",
         )
 
-    key("fcnet_hiddens", ints, "a list of positive ints")
-    key("head_fcnet_hiddens", ints, "a list of positive ints (may be empty)")
-    key("post_fcnet_hiddens", ints, "a list of positive ints (may be empty)")
-    key("impala_cnn_channels", lambda v: ints(v) and len(v) > 0, "a non-empty list of ints > 0")
+    key("fcnet_hiddens", _ints, "a list of positive ints")
+    key("head_fcnet_hiddens", _ints, "a list of positive ints (may be empty)")
+    key(
+        "post_fcnet_hiddens",
+        lambda v: v is None or _ints(v),
+        "None (a CNN encoder's own dense layer) or a list of positive ints (may be empty)",
+    )
+    key("impala_cnn_channels", lambda v: _ints(v) and len(v) > 0, "a non-empty list of ints > 0")
     for k in (
         "fcnet_activation",
         "conv_activation",
@@ -143,7 +151,7 @@ def model_config_problems(mc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
         )
     key(
         "conv_filters",
-        filters,
+        _filters,
         "None or a list of [out_channels, kernel, stride] or [out_channels, kernel, stride, "
         "'same'|'valid'] (kernel and stride an int > 0 or [h, w])",
     )

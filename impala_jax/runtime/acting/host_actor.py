@@ -90,7 +90,7 @@ def act_macs(model_config: Mapping[str, Any], observation_space: gym.Space, dist
         width = int(np.prod(observation_space.shape))
     per_row = 0
     layers = ("fcnet_hiddens", "post_fcnet_hiddens", "head_fcnet_hiddens")
-    for size in [*(s for k in layers for s in model_config[k]), dist_size]:
+    for size in [*(s for k in layers for s in model_config[k] or ()), dist_size]:
         per_row += width * int(size)
         width = int(size)
     return envs * per_row
@@ -142,7 +142,8 @@ class HostActor:
         self._gaussian = isinstance(distribution, DiagGaussian)
         self._encoder = (len(c["fcnet_hiddens"]), _activation(c["fcnet_activation"]))
         self._encoder_layernorm = bool(c["fcnet_use_layernorm"])
-        self._post = (len(c["post_fcnet_hiddens"]), _activation(c["post_fcnet_activation"]))
+        post = c["post_fcnet_hiddens"] or ()  # None: no layers after the MLP
+        self._post = (len(post), _activation(c["post_fcnet_activation"]))
         self._head = (len(c["head_fcnet_hiddens"]), _activation(c["head_fcnet_activation"]))
         self._head_layernorm = bool(c["head_fcnet_use_layernorm"])
         self._free_log_std = bool(c["free_log_std"]) and self._gaussian
