@@ -147,6 +147,28 @@ def test_one_device_equals_two_devices():
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-4)
 
 
+def test_two_devices_report_one_devices_gradient():
+    """The gradient over two devices is the mean of the devices' own, not N times it: the
+    program runs without shard_map's varying types (parallel.data_parallel, for gymnax's
+    Asterix), so a replicated param's cotangent must not be summed over the devices. Adam hides
+    a scaled gradient; the reported norm of the first update (same params, same data) does not."""
+    key = "gradients_default_optimizer_global_norm"
+    norms = []
+    for n in (1, 2):
+        (result,), _ = _train(_small(num_learners=n), 1)
+        norms.append(result["learners"]["default_policy"][key])
+    np.testing.assert_allclose(norms[1], norms[0], rtol=1e-4)
+
+
+def test_gymnax_asterix_steps_on_device():
+    """Asterix's step runs a while_loop from a constant over the env state (gymnax's
+    spawn_entity), which shard_map's varying types reject; the program runs without them."""
+    config = _small().environment("gymnax:Asterix-MinAtar")
+    config.rl_module(model_config={"encoder": "mlp", "fcnet_hiddens": [8]})
+    (result,), _ = _train(config, 1)
+    assert result["num_env_steps_sampled_lifetime"] >= 640
+
+
 @pytest.mark.slow
 def test_the_same_seed_twice_is_bit_identical_and_another_seed_is_not():
     a, params_a = _train(_small(lag=1), 3)

@@ -89,10 +89,21 @@ def _put_global(x, sharding: NamedSharding, spec: P):
 
 
 def data_parallel(
-    fn: Callable, mesh: Mesh, in_specs: tuple, out_specs, donate_argnums: tuple = ()
+    fn: Callable,
+    mesh: Mesh,
+    in_specs: tuple,
+    out_specs,
+    donate_argnums: tuple = (),
+    check_vma: bool = True,
 ) -> Callable:
-    """The one wrapper: per-device ``fn`` over the mesh, compiled, with buffer donation."""
+    """The one wrapper: per-device ``fn`` over the mesh, compiled, with buffer donation.
+
+    ``check_vma=False`` turns off shard_map's varying-across-devices types, for programs that
+    run third-party JAX code (an env's step) which mixes constants into a loop carry (gymnax's
+    Asterix: a ``while_loop`` from ``jnp.array([0, 0])`` over the per-device env state). The
+    gradient is then each device's own without a cast (``core.update.per_device``); the pmean
+    after it is the same either way (tests/test_on_device.py: 1 device = 2 devices)."""
     return jax.jit(
-        jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs),
+        jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma),
         donate_argnums=donate_argnums,
     )

@@ -144,6 +144,7 @@ def device_program(
             Episodes(rows, rows, rows),
         ),
         donate_argnums=(0, 1, 2, 3),
+        check_vma=False,  # the env's own step runs inside (parallel.data_parallel)
     )
     if description is None or learner.program_description is None:
         return program
