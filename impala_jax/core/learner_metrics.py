@@ -21,7 +21,9 @@ from collections.abc import Mapping
 from typing import Any
 
 # How the learner devices combine a metric, each device having computed it on its share of the
-# (mini)batch; the mean over the step's minibatch updates is taken first, on each device.
+# (mini)batch. The step's minibatch updates are combined first, on each device (update.py's
+# _combine_updates): a ROW_MEAN weighted by each update's valid rows, a DEVICE_MAX by its
+# maximum, anything else by its mean over the updates that had valid rows.
 # A mean over the device's valid rows: weighted by the device's share of all valid rows (every
 # device's mean weight is 1), the devices' mean is the mean over every row of the batch.
 ROW_MEAN = "row_mean"
