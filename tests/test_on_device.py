@@ -138,6 +138,16 @@ def test_mixin_replays_empty_slots_are_not_averaged_into_the_first_result(env):
     assert learner["entropy"] > 0.69  # a fresh policy's, about ln 2
 
 
+def test_on_policy_rounding_is_not_counted_as_clipping():
+    """Issue 56: at lag 0 with 16 envs the acting forward pass rounds a few logits an ulp
+    apart from the learner's (rho up to 1 + 1.2e-7), and those rows were counted in
+    clipped_rho_fraction (0.013 and 0.006 here; 0.35-0.47 at max_rho 1.001 on a GPU)."""
+    results, _ = _train(_small(lag=0), 3)
+    learners = [r["learners"]["default_policy"] for r in results]
+    assert max(learner["max_rho"] for learner in learners) > 1.0  # the rounding is there
+    assert all(learner["clipped_rho_fraction"] == 0.0 for learner in learners), learners
+
+
 def test_lag_k_is_the_reported_lag_and_moves_rho():
     """Policy lag 2: the lag grows 0, 1, 2 over the first updates and stays at 2; acting with
     older params shows in the importance weights."""

@@ -89,7 +89,8 @@ METRICS = (
     Metric(
         "clipped_rho_fraction",
         ROW_MEAN,
-        "the share of rows whose weight vtrace_clip_rho_threshold clips",
+        "the share of rows whose weight exceeds vtrace_clip_rho_threshold by more than 1 % "
+        "(losses.CLIPPED_RHO_TOLERANCE: on-policy rounding is not clipping)",
     ),
     Metric("max_rho", DEVICE_MAX, "the largest importance weight, before clipping"),
     # What update.py's learner step adds.
