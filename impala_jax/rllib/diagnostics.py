@@ -185,11 +185,13 @@ def divergence_message(early: list, learner: dict, config, num_updates: int) -> 
         return None
     field = "lr_schedule" if config.lr_schedule is not None else "lr"
     value = config.resolved_lr
+    default = type(config)().lr
     if isinstance(value, int | float):
         fix = f"restart with a smaller one, e.g. training(lr={value / 100:g})"
     else:
         now = read_metric(learner, "curr_lr", math.nan)
         fix = f"restart with smaller values, e.g. 100 times smaller (it is {now:.3g} now)"
+    fix += f" (the default is {default!r})"
     skipped = int(read_metric(learner, "num_non_finite_updates", 0))
     return (
         f"The learner's updates are too large: after {num_updates} updates "
