@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from impala_jax import IMPALAConfig
+from impala_jax.core.losses import CLIPPED_RHO_TOLERANCE
 from impala_jax.core.types import Trajectory
 
 T, B = 5, 8
@@ -101,7 +102,8 @@ def _reference(logits, values, batch: Trajectory) -> dict:
         "mean_vf_loss": vf_loss,
         "entropy": entropy,
         "mean_vs": np.sum(mask * vs) / count,
-        "clipped_rho_fraction": np.sum((mask > 0) & (rho > RHO_BAR)) / count,
+        "clipped_rho_fraction": np.sum((mask > 0) & (rho > RHO_BAR * (1 + CLIPPED_RHO_TOLERANCE)))
+        / count,
         "rho": rho,
     }
 

@@ -397,6 +397,11 @@ def test_unrolled_minibatch_updates_equal_the_scanned_ones(monkeypatch):
 def _loss_on(networks, params, batch, loss_spec):
     """``impala_loss`` recomputed from scratch on ``batch`` at ``params``: the learner's loss,
     without the learner."""
+    return _loss_and_metrics_on(networks, params, batch, loss_spec)[0]
+
+
+def _loss_and_metrics_on(networks, params, batch, loss_spec):
+    """``_loss_on`` with the loss's metrics."""
     t1, b = batch.obs.shape[:2]
     dist_inputs, values = networks.apply(params, jnp.asarray(batch.obs).reshape(t1 * b, -1))
     discount = loss_spec.gamma * (1.0 - jnp.asarray(batch.terminated, jnp.float32))
@@ -410,7 +415,7 @@ def _loss_on(networks, params, batch, loss_spec):
         jnp.asarray(batch.valid),
         distribution=make_distribution(ACT),
         **loss_spec.loss_keywords(),
-    )[0]
+    )
 
 
 @pytest.mark.timeout(120)
@@ -514,3 +519,87 @@ def test_replayed_columns_reach_the_loss():
     np.testing.assert_allclose(
         reported, candidates[best], rtol=1e-5, err_msg=f"new-only loss {new_only}; {candidates}"
     )
+
+
+ROW_MEANS = ("total_loss", "entropy", "mean_rho", "clipped_rho_fraction", "mean_kl", "mean_vs")
+
+
+@pytest.mark.timeout(120)
+def test_a_minibatch_of_empty_replay_slots_leaves_the_metrics_alone():
+    # Catches (issue 56): the step's metrics a plain mean over its minibatch updates. On the
+    # first step the replayed columns are slots still empty (no valid row), and their
+    # minibatch counted as mean_rho 0, max_rho 0, entropy 0 and loss 0: an on-policy run with
+    # mixin replay reported mean_rho 0.5 on its first result.
+    b = 4
+    loss_spec = LossSpec(0.99, 0.5, 0.01, 1.2, 1.0, None)
+    networks = make_networks({"fcnet_hiddens": [8]}, OBS, ACT)
+    learner = Learner(
+        networks,
+        make_distribution(ACT),
+        OptimizerSpec(lr=1e-2),
+        loss_spec,
+        # Two minibatch updates, unshuffled: the new columns, then the replayed ones.
+        StepSpec(b, b, 2 * b, b, num_epochs=1, shuffle=False),
+        jax.devices()[:1],
+        jax.random.key(0),
+    )
+    first = random_batch(1, b)
+    params = jax.device_get(learner.state.params)
+    metrics = jax.device_get(learner.update(learner.put_batch(first), env_steps=0))
+    # The new columns' minibatch is the only one with rows, and it is taken at these params.
+    _, expected = jax.jit(lambda p, x: _loss_and_metrics_on(networks, p, x, loss_spec))(
+        params, first._replace(param_version=None)
+    )
+    for name in (*ROW_MEANS, "max_rho"):
+        np.testing.assert_allclose(metrics[name], expected[name], rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.timeout(120)
+def test_minibatch_updates_combine_as_row_means_and_maxima():
+    # Catches: the step's metrics a plain mean over its minibatch updates: a row mean is the
+    # mean over every valid row of the step (each update weighted by its valid rows) and
+    # max_rho the largest weight of any update, not the mean of the updates' maxima.
+    loss_spec = LossSpec(0.99, 0.5, 0.01, 1.2, 1.0, None)
+    networks = make_networks({"fcnet_hiddens": [8]}, OBS, ACT)
+    two = Learner(
+        networks,
+        make_distribution(ACT),
+        OptimizerSpec(lr=1e-2),
+        loss_spec,
+        StepSpec(B, 0, 0, B // 2, num_epochs=1, shuffle=False),
+        jax.devices()[:1],
+        jax.random.key(0),
+    )
+    batch = random_batch(3)
+    batch = batch._replace(valid=batch.valid * (np.arange(B) != 0))  # uneven valid rows
+    cut = B // 2
+    halves = [
+        jax.tree.map(lambda x, s=s: x[..., s] if x.ndim == 1 else x[:, s], batch)
+        for s in (slice(0, cut), slice(cut, B))
+    ]
+    metrics_on = jax.jit(lambda p, x: _loss_and_metrics_on(networks, p, x, loss_spec)[1])
+    p0 = jax.device_get(two.state.params)
+    reported = jax.device_get(two.update(two.put_batch(batch), env_steps=0))
+    # The second update's params: one update of the same optimizer on the first half.
+    one = Learner(
+        networks,
+        make_distribution(ACT),
+        OptimizerSpec(lr=1e-2),
+        loss_spec,
+        StepSpec(B // 2, 0, 0, B // 2, num_epochs=1, shuffle=False),
+        jax.devices()[:1],
+        jax.random.key(0),
+    )
+    one.update(one.put_batch(halves[0]), env_steps=0)
+    p1 = jax.device_get(one.state.params)
+    parts = [
+        jax.device_get(metrics_on(p, half._replace(param_version=None)))
+        for p, half in zip((p0, p1), halves, strict=True)
+    ]
+    rows = [float(np.sum(half.valid)) for half in halves]
+    assert rows[0] != rows[1]
+    for name in ROW_MEANS:
+        expected = sum(m[name] * n for m, n in zip(parts, rows, strict=True)) / sum(rows)
+        np.testing.assert_allclose(reported[name], expected, rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(reported["max_rho"], max(m["max_rho"] for m in parts), rtol=1e-6)
+    assert parts[0]["max_rho"] != parts[1]["max_rho"]

@@ -19,7 +19,7 @@ from impala_jax.core.networks import make_networks
 from impala_jax.core.optim import OptimizerSpec
 from impala_jax.core.update import StepSpec
 from impala_jax.core.vtrace import vtrace
-from impala_jax.rllib.diagnostics import stalled_step_message
+from impala_jax.rllib.diagnostics import TrainingChecks, divergence_message, stalled_step_message
 from impala_jax.runtime.learning.learner import Learner
 from tests.test_learner import ACT, OBS, B, random_batch
 
@@ -333,3 +333,88 @@ def test_the_stall_check_sees_the_clipped_gradient():
     assert stalled_step_message(learner, config, 1_000_000) is not None
     unclipped = IMPALAConfig().training(opt_type="rmsprop", epsilon=0.01, grad_clip=None)
     assert stalled_step_message(learner, unclipped, 1_000_000) is None
+
+
+def _updates(grads, losses, fractions=None) -> list[dict]:
+    """Learner metrics of consecutive updates (``fractions`` None: a Box action space)."""
+    fractions = fractions or [None] * len(grads)
+    out = []
+    for grad, loss, fraction in zip(grads, losses, fractions, strict=True):
+        metrics = {"gradients_default_optimizer_global_norm": grad, "total_loss": loss}
+        if fraction is not None:
+            metrics["entropy_fraction_of_max"] = fraction
+        out.append(metrics)
+    return out
+
+
+# Measured (issue 56): gymnax CartPole, 16 envs x 20 steps, one Adam update per iteration,
+# seed 0; the gradient's global norm, the total loss and the entropy over its maximum.
+LR_1E3 = _updates([7.78, 9.89e4, 1.44e6], [26.7, 5.85e7, 1.06e10], [1.0, 0.0, 0.0])
+LR_0_1 = _updates(
+    [7.78, 47.5, 68.8, 43.1, 21.6, 14.2, 16.9, 17.7, 7.82, 7.49],
+    [26.7, 29.9, 28.0, 28.0, 7.74, 1.93, 5.38, 6.43, 2.42, 1.61],
+    [1.0, 0.849, 6.35e-8, 1.03e-21, 4.9e-30, 0.0, 0.0, 0.0, 0.0, 0.0],
+)
+DEFAULT_LR = _updates(
+    [7.78, 6.77, 7.82, 6.52, 7.67, 7.73, 7.33, 7.05, 8.95, 7.26],
+    [26.7, 20.8, 26.6, 19.5, 25.0, 24.8, 21.0, 21.0, 28.9, 20.8],
+    [1.0, 1.0, 1.0, 0.999, 0.999, 0.998, 0.998, 0.996, 0.996, 0.995],
+)
+# lr 0.01: the entropy dipped to 0.8 % of its maximum at update 21, then recovered.
+LR_0_01 = _updates(
+    [7.78, 10.1, 13.9, 18.8, 7.41, 19.3, 24.3, 18.3, 5.86, 17.8],
+    [26.7, 23.5, 32.0, 26.5, 8.22, 13.8, 9.44, 3.09, 2.61, 5.55],
+    [1.0, 0.982, 0.958, 0.924, 0.804, 0.174, 0.195, 0.526, 0.644, 0.657],
+)
+
+
+def test_diverging_updates_are_told_from_healthy_ones():
+    config = IMPALAConfig().training(lr=1e3)
+    message = divergence_message(LR_1E3[:2], LR_1E3[1], config, 2)
+    for needed in (
+        "updates are too large",
+        "global norm reached 9.89e+04",
+        "entropy fell from 100%",
+        "training(lr=1000.0)",
+        "training(lr=10)",
+        "num_non_finite_updates is 0",
+    ):
+        assert needed in message, message
+    # lr 0.1: no growth, but one action everywhere by the third update, and still.
+    message = divergence_message(LR_0_1, LR_0_1[-1], config.training(lr=0.1), 10)
+    assert "entropy fell from 100% of its maximum to 0.00% by update 3" in message, message
+    assert "global norm" not in message and "training(lr=0.001)" in message
+    # The default lr 60 updates on (norm 33, loss 23, entropy 95 %); lr 0.01 at its dip.
+    later = {**DEFAULT_LR[-1], "gradients_default_optimizer_global_norm": 33.3}
+    assert divergence_message(DEFAULT_LR, later, IMPALAConfig(), 60) is None
+    dip = _updates([73.2], [30.2], [0.00782])[0]
+    assert divergence_message(LR_0_01, dip, config.training(lr=0.01), 21) is None
+
+
+def test_the_divergence_check_needs_a_scale_and_a_stochastic_start():
+    config = IMPALAConfig()
+    # A sparse reward not yet seen: the first update's norm and loss near 0 are no scale.
+    sparse = _updates([1e-3, 5.0], [1e-4, 500.0], [1.0, 0.9])
+    assert divergence_message(sparse, sparse[-1], config, 2) is None
+    # Loss or norm alone grown (a return that rose) is not divergence; both are.
+    one = _updates([7.8, 1e4], [26.7, 100.0], [1.0, 0.9])
+    assert divergence_message(one, one[-1], config, 2) is None
+    box = _updates([7.8, 1e4], [26.7, 1e5])  # no entropy fraction for a Box
+    assert "global norm reached 1e+04" in divergence_message(box, box[-1], config, 2)
+    # A policy that was near-deterministic from the start (a restored checkpoint).
+    restored = _updates([7.8] * 3, [26.7] * 3, [1e-3] * 3)
+    assert divergence_message(restored, restored[-1], config, 3) is None
+    # A collapse that has recovered by the time of the check.
+    recovered = {**LR_0_1[-1], "entropy_fraction_of_max": 0.3}
+    assert divergence_message(LR_0_1, recovered, config, 12) is None
+    assert divergence_message([], LR_1E3[-1], config, 0) is None
+
+
+def test_a_divergence_under_an_lr_schedule_names_the_schedule_and_is_reported_once():
+    config = IMPALAConfig().training(lr=[[0, 1e3], [10_000, 1e2]])
+    learner = {**LR_1E3[-1], "curr_lr": 990.0}
+    checks = TrainingChecks()
+    (message,) = checks.warnings(learner, config, 3, 1000, LR_1E3)
+    assert "training(lr=[[0, 1000.0], [10000, 100.0]])" in message, message
+    assert "100 times smaller (it is 990 now)" in message, message
+    assert checks.warnings(learner, config, 4, 1000, LR_1E3) == []  # once per build

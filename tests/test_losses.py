@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from impala_jax.core.distributions import Categorical, DiagGaussian
-from impala_jax.core.losses import clip_reward, impala_loss
+from impala_jax.core.losses import CLIPPED_RHO_TOLERANCE, clip_reward, impala_loss
 from impala_jax.core.vtrace import vtrace
 
 GAMMA = 0.9
@@ -106,7 +106,7 @@ def test_metrics_and_terms_match_their_definitions():
         total_loss=pi_loss + 0.5 * vf_loss - 0.01 * entropy,
         mean_rho=rho[valid].mean(),
         max_rho=rho[valid].max(),
-        clipped_rho_fraction=(rho[valid] > 1.2).mean(),
+        clipped_rho_fraction=(rho[valid] > 1.2 * (1 + CLIPPED_RHO_TOLERANCE)).mean(),
         mean_kl=np.asarray(dist.kl(batch["behaviour_logits"], batch["logits_t"]))[valid].mean(),
         mean_vs=np.asarray(out.vs)[valid].mean(),
         vf_explained_var=1.0
@@ -115,6 +115,50 @@ def test_metrics_and_terms_match_their_definitions():
     for key, value in expected.items():
         np.testing.assert_allclose(metrics[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
     np.testing.assert_allclose(loss, metrics["total_loss"])
+
+
+def test_rounding_is_not_clipping_and_a_real_excess_is():
+    """Catches (issue 56): on-policy weights that are 1 up to float rounding counted as
+    clipped (clipped_rho_fraction 0.35-0.47 at max_rho 1.001), while a weight clearly above
+    the threshold must still count."""
+    batch = make_batch(7, on_policy=True)
+    rng = np.random.default_rng(7)
+    features = rng.normal(size=(T, B, 64)).astype(np.float32)
+    weights = rng.normal(size=(64, N)).astype(np.float32) / 8
+    target = jnp.einsum("tbk,kn->tbn", features, weights)
+    # The same logits as another kernel sums them (the reversed order), and as a reduced
+    # precision matmul rounds them (TF32's 2^-11 per operand, about 1e-3 on the logits).
+    reordered = jnp.einsum("tbk,kn->tbn", features[..., ::-1], weights[::-1])
+    tf32_like = target * (1 + 1e-3 * rng.normal(size=target.shape).astype(np.float32))
+    action = Categorical(N).sample(jax.random.key(7), target)
+    batch.update(logits_t=target, action=action)
+    assert not np.array_equal(reordered, target)
+    for behaviour in (reordered, tf32_like):
+        batch["behaviour_logits"] = behaviour
+        _, metrics, _ = loss_and_grads(batch)
+        assert metrics["max_rho"] > 1.0, metrics  # rounding is there...
+        assert metrics["clipped_rho_fraction"] == 0.0, metrics  # ...and is not clipping
+    # Three valid rows whose behaviour probability of the action taken is a third lower:
+    # rho = 1.5 there, clipped at 1 by any count.
+    rows = ([1, 3, 4], [0, 1, 2])
+    assert np.all(np.asarray(batch["mask"])[rows] > 0)
+    probs = np.asarray(jax.nn.softmax(target))
+    behaviour = np.log(probs)
+    taken = np.asarray(action)[rows]
+    p = probs[rows[0], rows[1], taken]
+    behaviour[rows[0], rows[1], taken] = np.log(p / 1.5)
+    # The other actions share the freed probability: a valid distribution, the others' rho < 1.
+    others = np.ones(N, bool)
+    for (t, b), a, p_a in zip(zip(*rows, strict=True), taken, p, strict=True):
+        others[:] = True
+        others[a] = False
+        rest = probs[t, b, others]
+        behaviour[t, b, others] = np.log(rest * (1 - p_a / 1.5) / rest.sum())
+    batch["behaviour_logits"] = jnp.asarray(behaviour)
+    _, metrics, _ = loss_and_grads(batch)
+    np.testing.assert_allclose(metrics["max_rho"], 1.5, rtol=1e-5)
+    n_valid = np.asarray(batch["mask"]).sum()
+    np.testing.assert_allclose(metrics["clipped_rho_fraction"], 3 / n_valid, rtol=1e-6)
 
 
 def test_value_gradient_only_through_v():

@@ -3,6 +3,8 @@ the host runner's, the policy lag, devices, determinism, learning and the algori
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,9 +12,10 @@ import pytest
 
 from impala_jax import IMPALAConfig
 from impala_jax.core.rollout import make_rollout, reset_envs
-from impala_jax.rllib import specs
+from impala_jax.rllib import diagnostics, specs
 from impala_jax.runtime.acting.env_runner import EnvRunner, ParamStore
 from impala_jax.runtime.envs.jax_envs import make_jax_env
+from tests.test_fragment_door import saturate
 
 ENV = "gymnax:CartPole-v1"
 
@@ -120,6 +123,77 @@ def test_lag_zero_acts_with_the_params_being_updated():
         assert learner["max_rho"] == 1.0 and learner["mean_rho"] == 1.0, learner
         assert learner["mean_kl"] == 0.0, learner
         assert result["perf"]["policy_lag_max"] == 0
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", ENV])
+def test_mixin_replays_empty_slots_are_not_averaged_into_the_first_result(env):
+    """Issue 56: with mixin replay the first update's replayed columns are slots still empty;
+    as their own minibatch they were averaged in as rho 0 (mean_rho 0.5, entropy ln 2 / 2 on
+    the first result of an on-policy run), on device and on the host alike."""
+    config = _small(lag=0 if env == ENV else None).environment(env)
+    # 32 new columns and 32 replayed ones, in two unshuffled minibatches: the new, the replayed.
+    config = config.training(replay_proportion=1.0, replay_buffer_num_slots=64)
+    (result,), _ = _train(config, 1)
+    learner = result["learners"]["default_policy"]
+    # On policy (lag 0 on device; the host's lockstep acts with the params being updated):
+    # 1 within float rounding (rho within 4.8e-7 of 1 with 16 envs: docs/config.md).
+    assert abs(learner["mean_rho"] - 1.0) < 1e-5 and abs(learner["max_rho"] - 1.0) < 1e-5
+    assert learner["entropy"] > 0.69  # a fresh policy's, about ln 2
+
+
+def test_on_policy_rounding_is_not_counted_as_clipping():
+    """Issue 56: at lag 0 with 16 envs the acting forward pass rounds a few logits an ulp
+    apart from the learner's (rho up to 1 + 1.2e-7), and those rows were counted in
+    clipped_rho_fraction (0.013 and 0.006 here; 0.35-0.47 at max_rho 1.001 on a GPU)."""
+    results, _ = _train(_small(lag=0), 3)
+    learners = [r["learners"]["default_policy"] for r in results]
+    assert max(learner["max_rho"] for learner in learners) > 1.0  # the rounding is there
+    assert all(learner["clipped_rho_fraction"] == 0.0 for learner in learners), learners
+
+
+def _warnings_of(config, iterations: int) -> tuple[list[str], list[dict]]:
+    with warnings.catch_warnings(record=True) as caught, config.build() as algo:
+        warnings.simplefilter("always")
+        results = [algo.train() for _ in range(iterations)]
+    return [str(w.message) for w in caught if w.category is RuntimeWarning], results
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", ENV])
+def test_an_lr_far_too_large_is_warned_about_once_and_the_default_is_not(env):
+    """Issue 56: lr=1e3 (Adam) took the loss from 27 to 1e8-1e10 and the entropy to 0 by the
+    second update, every gradient finite and nothing said, on device and on the host."""
+    config = (
+        IMPALAConfig()
+        .environment(env)
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=8, rollout_fragment_length=10)
+        .training(train_batch_size_per_learner=80)
+        .rl_module(model_config={"fcnet_hiddens": [32, 32]})
+        .reporting(min_time_s_per_iteration=0, min_sample_timesteps_per_iteration=0)
+        .debugging(seed=3)
+    )
+    messages, results = _warnings_of(config.training(lr=1e3), 4)
+    learner = results[-1]["learners"]["default_policy"]
+    assert learner["num_non_finite_updates"] == 0 and learner["entropy"] < 1e-3, learner
+    (message,) = [m for m in messages if "updates are too large" in m]
+    for needed in ("training(lr=1000.0)", "training(lr=10)", "entropy fell from 100%"):
+        assert needed in message, message
+    default_lr = IMPALAConfig().lr
+    messages, _ = _warnings_of(config.training(lr=default_lr), diagnostics.EARLY_UPDATES + 2)
+    assert not [m for m in messages if "too large" in m or "collapsed" in m], messages
+
+
+def test_a_dead_policy_is_reported_on_device_as_on_the_host():
+    """tests/test_fragment_door.py's forced saturation, on device: the same report, once."""
+    config = _small(lag=0).training(entropy_coeff=0.0, lr=1e-9)
+    with warnings.catch_warnings(record=True) as caught, config.build() as algo:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            algo.train()
+        algo._dead_policy.best_return = 200.0  # as if it had learned, then saturate it
+        algo.set_weights({"default_policy": saturate(algo.get_weights()["default_policy"])})
+        for _ in range(2 + diagnostics.DEAD_POLICY_ITERATIONS):
+            algo.train()
+    assert len([w for w in caught if "collapsed" in str(w.message)]) == 1
 
 
 def test_lag_k_is_the_reported_lag_and_moves_rho():

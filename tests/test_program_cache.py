@@ -4,11 +4,14 @@ in the model config never gets a stored program that is not its own."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gymnasium as gym
 import jax
 import numpy as np
 import pytest
 
+import impala_jax
 from impala_jax.core.distributions import make_distribution
 from impala_jax.core.losses import LossSpec
 from impala_jax.core.networks import make_networks
@@ -167,6 +170,13 @@ def test_space_bounds_and_sources_change_the_description(tmp_path):
     before = program_cache.source_digest(tmp_path)
     (tmp_path / "m.py").write_text("x = 2\n")
     assert program_cache.source_digest(tmp_path) != before
+
+
+def test_the_source_digest_covers_the_whole_package():
+    """Catches: the digest reading one layer only (it read runtime/ alone, so an edit to
+    core/update.py loaded the programs traced before it)."""
+    assert program_cache._PACKAGE == Path(impala_jax.__file__).resolve().parent
+    assert (program_cache._PACKAGE / "core" / "update.py").is_file()
 
 
 @pytest.mark.timeout(300)

@@ -21,7 +21,9 @@ from collections.abc import Mapping
 from typing import Any
 
 # How the learner devices combine a metric, each device having computed it on its share of the
-# (mini)batch; the mean over the step's minibatch updates is taken first, on each device.
+# (mini)batch. The step's minibatch updates are combined first, on each device (update.py's
+# _combine_updates): a ROW_MEAN weighted by each update's valid rows, a DEVICE_MAX by its
+# maximum, anything else by its mean over the updates that had valid rows.
 # A mean over the device's valid rows: weighted by the device's share of all valid rows (every
 # device's mean weight is 1), the devices' mean is the mean over every row of the batch.
 ROW_MEAN = "row_mean"
@@ -87,7 +89,8 @@ METRICS = (
     Metric(
         "clipped_rho_fraction",
         ROW_MEAN,
-        "the share of rows whose weight vtrace_clip_rho_threshold clips",
+        "the share of rows whose weight exceeds vtrace_clip_rho_threshold by more than 1 % "
+        "(losses.CLIPPED_RHO_TOLERANCE: on-policy rounding is not clipping)",
     ),
     Metric("max_rho", DEVICE_MAX, "the largest importance weight, before clipping"),
     # What update.py's learner step adds.

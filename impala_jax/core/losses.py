@@ -138,14 +138,28 @@ def impala_loss(
     return total_loss, jax.tree.map(jax.lax.stop_gradient, metrics)
 
 
+# clipped_rho_fraction counts a weight as clipped only above threshold * (1 + this). On-policy
+# rows have rho 1 only up to rounding: the actor's and the learner's forward passes of the same
+# params run other kernels (another batch size, another device), and float32 matmuls run at
+# reduced precision by default on accelerators (TF32 on NVIDIA GPUs since Ampere, 2^-11
+# relative rounding per operand; bfloat16 on TPUs, 2^-9). On CPU on-policy rho is within a few
+# ulps of 1 (1.2e-7 each); issue 56 saw max_rho 1.001 on a GPU at policy lag 0, counted as
+# clipped on 35-47 % of the rows. 1 % is ten times that, and clipping a weight by less than 1 %
+# moves its V-trace terms by less than 1 %: nothing a reader of the fraction needs counted.
+CLIPPED_RHO_TOLERANCE = 1e-2
+
+
 def _rho_metrics(
     rho_tm1: jax.Array, valid: jax.Array, count: jax.Array, clip_rho_threshold: float | None
 ) -> dict[str, jax.Array]:
-    """Importance-weight statistics over valid rows, before clipping."""
+    """Importance-weight statistics over valid rows, before clipping; a weight counts as
+    clipped above ``clip_rho_threshold * (1 + CLIPPED_RHO_TOLERANCE)`` (rounding is not
+    clipping)."""
     if clip_rho_threshold is None:
         clipped_fraction = jnp.zeros((), rho_tm1.dtype)
     else:
-        clipped_fraction = jnp.sum(valid & (rho_tm1 > clip_rho_threshold)) / count
+        above = rho_tm1 > clip_rho_threshold * (1.0 + CLIPPED_RHO_TOLERANCE)
+        clipped_fraction = jnp.sum(valid & above) / count
     return dict(
         mean_rho=jnp.sum(rho_tm1) / count,
         clipped_rho_fraction=clipped_fraction,

@@ -226,6 +226,9 @@ def _make_loss_fn(networks, distribution, loss_spec: losses.LossSpec):
         # RLlib's pi_loss / vf_loss are sums, beside the means.
         total_valid = jax.lax.psum(valid, LEARNER_AXIS)
         metrics = learner_metrics.device_shares(metrics, weight, total_valid)
+        # How much this minibatch update weighs when the step's updates are combined
+        # (_combine_updates); popped there, never reported.
+        metrics[_VALID_ROWS] = total_valid
         if features is not None:
             metrics.update(_feature_metrics(jax.lax.stop_gradient(features)))
         max_entropy = getattr(distribution, "max_entropy", None)
@@ -237,6 +240,42 @@ def _make_loss_fn(networks, distribution, loss_spec: losses.LossSpec):
         return loss * weight, metrics
 
     return loss_fn
+
+
+# The valid rows of a minibatch update, over every device: how _combine_updates weighs it.
+_VALID_ROWS = "valid_rows"
+
+
+def _combine_updates(metrics: dict) -> dict:
+    """The step's metrics from those of its minibatch updates (each a ``[U]`` array), on each
+    device, before the devices combine them.
+
+    A row mean (``learner_metrics.ROW_MEAN``) is weighted by each update's valid rows, so the
+    result is the mean over every valid row of the step; a maximum is the maximum over the
+    updates; anything else (a sum over a minibatch's rows, a statistic of the gradient or of
+    the features) is the mean over the updates that had valid rows. An update without any, a
+    minibatch of replay slots still empty on the first step, would otherwise count as mean_rho
+    0, entropy 0, explained variance 1 (issue 56). With no valid row anywhere, plain means.
+    """
+    rows = metrics.pop(_VALID_ROWS)
+    has_rows = (rows > 0).astype(jnp.float32)
+    some = jnp.sum(has_rows) > 0
+
+    def mean(x, weights):
+        weights = jnp.where(some, weights, jnp.ones_like(weights))
+        return jnp.sum(x * weights) / jnp.sum(weights)
+
+    out = {}
+    for key, x in metrics.items():
+        metric = learner_metrics.REPORTED.get(key)  # gradients_<group>_global_norm is not
+        reduce = metric.reduce if metric is not None else learner_metrics.DEVICE_MEAN
+        if reduce == learner_metrics.DEVICE_MAX:
+            out[key] = jnp.max(x)
+        elif reduce == learner_metrics.ROW_MEAN and key != metric.sum_key:
+            out[key] = mean(x, rows)
+        else:
+            out[key] = mean(x, has_rows)
+    return out
 
 
 def _minibatch_orders(key, step_spec: StepSpec, n_cols: int) -> jax.Array:
@@ -309,10 +348,10 @@ def make_learner_step(
             for i in range(order.shape[0]):
                 carry, update_metrics = update(carry, order[i])
                 per_update.append(update_metrics)
-            metrics = jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *per_update)
+            metrics = jax.tree.map(lambda *xs: jnp.stack(xs), *per_update)
         else:
             carry, metrics = jax.lax.scan(update, carry, order)
-            metrics = jax.tree.map(jnp.mean, metrics)
+        metrics = _combine_updates(metrics)
         params, opt_state = carry
         maxima = {
             k: metrics.pop(k)

@@ -265,7 +265,8 @@ class IMPALA(TrainingLoop, Checkpointable):
             self.stop()
             raise FloatingPointError(message)
         config, updates, size = self.config, self._num_updates, self._num_parameters
-        for message in self._checks.warnings(learner, config, updates, size):
+        early = self._early_learners[0]
+        for message in self._checks.warnings(learner, config, updates, size, early):
             warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     def _finish_result(self, result: dict, learner: dict) -> dict:

@@ -1,7 +1,7 @@
 """What ``train()`` says about the learner's updates: non-finite gradients, stalled steps,
-RMSProp's warm-up, a blind encoder and a dead policy. Each check reads the iteration's learner
-metrics (host floats) and returns its message, or None; `TrainingChecks` runs them as
-``train()`` does, and `DeadPolicyCheck` with the iteration's return."""
+RMSProp's warm-up, a blind encoder, diverging updates and a dead policy. Each check reads the
+iteration's learner metrics (host floats) and returns its message, or None; `TrainingChecks`
+runs them as ``train()`` does, and `DeadPolicyCheck` with the iteration's return."""
 
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ STALLED_STEP_RATIO = 1e-2
 RMSPROP_WARM_UP_UPDATES = 1000
 # A blind-encoder warning when at least this share of the encoder's units is dead (see below).
 BLIND_DEAD_FRACTION = 0.9
+# The run's first updates whose metrics the divergence check keeps (training_loop.py).
+EARLY_UPDATES = 10
+# Diverging updates: the gradient's norm and the total loss both this many times their values
+# at the first update (computed on the initial params), ...
+DIVERGENCE_GROWTH = 1e3
+# ... each of those floored at this: a first value near 0 (a sparse reward not yet seen) is no
+# scale to grow from.
+DIVERGENCE_FLOOR = 1.0
+# Or the entropy of a policy that started at least this share of its maximum ...
+STOCHASTIC_START_FRACTION = 0.5
+# ... below DEAD_ENTROPY_FRACTION of it within EARLY_UPDATES updates, and still there.
 
 
 def non_finite_message(learner: dict) -> str | None:
@@ -128,17 +139,91 @@ def rmsprop_warm_up_message(grad_rms: float, ratio: float, config) -> str | None
     )
 
 
+def divergence_message(early: list, learner: dict, config, num_updates: int) -> str | None:
+    """A warning when the updates are far too large: the loss and the gradient norm grown by
+    orders of magnitude over their values at the first update, or the policy's entropy gone to
+    ~0 within the first updates from a stochastic start.
+
+    ``early``: the learner metrics of the run's first updates (up to EARLY_UPDATES, the first
+    computed on the initial params); ``learner``: the iteration's. Neither shows as a
+    non-finite gradient: an lr of 1e3 with Adam takes CartPole's loss from 27 to 1e8-1e10 and
+    its entropy to 0 by the second update, every gradient finite (issue 56), and the policy
+    collapses before its return has risen, so the dead-policy report (a return fallen from its
+    best) says nothing either.
+    """
+    if not early:
+        return None
+    first = early[0]
+    grad_key = "gradients_default_optimizer_global_norm"
+    grad0 = read_metric(first, grad_key, math.nan)
+    loss0 = abs(read_metric(first, "total_loss", math.nan))
+    evidence = []
+    for seen in [*early[1:], learner]:
+        grad = read_metric(seen, grad_key, math.nan)
+        loss = abs(read_metric(seen, "total_loss", math.nan))
+        if grad >= DIVERGENCE_GROWTH * max(grad0, DIVERGENCE_FLOOR) and (
+            loss >= DIVERGENCE_GROWTH * max(loss0, DIVERGENCE_FLOOR)
+        ):
+            evidence.append(
+                f"the gradient's global norm reached {grad:.3g} and the total loss's magnitude "
+                f"{loss:.3g}, from {grad0:.3g} and {loss0:.3g} at the first update (over "
+                f"{DIVERGENCE_GROWTH:.0f} times as large)"
+            )
+            break
+    fraction0 = read_metric(first, "entropy_fraction_of_max")
+    fraction = read_metric(learner, "entropy_fraction_of_max")
+    if fraction is not None and fraction0 is not None and fraction0 >= STOCHASTIC_START_FRACTION:
+        fractions = [read_metric(e, "entropy_fraction_of_max") for e in early]
+        if min(fractions) < DEAD_ENTROPY_FRACTION and fraction < DEAD_ENTROPY_FRACTION:
+            k = next(i for i, f in enumerate(fractions) if f < DEAD_ENTROPY_FRACTION)
+            evidence.append(
+                f"the policy's entropy fell from {fraction0:.0%} of its maximum to "
+                f"{fractions[k]:.2%} by update {k + 1} ({fraction:.2%} now): it takes (nearly) "
+                "one action everywhere after fewer updates than a policy needs to learn which"
+            )
+    if not evidence:
+        return None
+    field = "lr_schedule" if config.lr_schedule is not None else "lr"
+    value = config.resolved_lr
+    default = type(config)().lr
+    if isinstance(value, int | float):
+        fix = f"restart with a smaller one, e.g. training(lr={value / 100:g})"
+    else:
+        now = read_metric(learner, "curr_lr", math.nan)
+        fix = f"restart with smaller values, e.g. 100 times smaller (it is {now:.3g} now)"
+    fix += f" (the default is {default!r})"
+    skipped = int(read_metric(learner, "num_non_finite_updates", 0))
+    return (
+        f"The learner's updates are too large: after {num_updates} updates "
+        f"{'; and '.join(evidence)}. "
+        f"num_non_finite_updates is {skipped}: it counts only updates whose gradient is not "
+        f"finite. The likely cause is the learning rate, training({field}={value!r}) with "
+        f"opt_type={config.opt_type!r}: each update moves the params too far; {fix}. "
+        "See docs/config.md, 'Loss reduction'."
+    )
+
+
 class TrainingChecks:
     """The warnings of one built algorithm: the step size is looked at once, after
-    STEP_SIZE_CHECK_UPDATES updates, and a blind encoder is reported at most once."""
+    STEP_SIZE_CHECK_UPDATES updates; a blind encoder and diverging updates are reported at most
+    once each."""
 
     def __init__(self):
         self.step_size_checked = False
         self.blind_warned = False
+        self.divergence_warned = False
 
-    def warnings(self, learner: dict, config, num_updates: int, num_parameters: int) -> list:
-        """The messages to warn with after an iteration that ended at ``num_updates``."""
+    def warnings(
+        self, learner: dict, config, num_updates: int, num_parameters: int, early=()
+    ) -> list:
+        """The messages to warn with after an iteration that ended at ``num_updates``;
+        ``early``: the learner metrics of the run's first updates (``divergence_message``)."""
         messages = []
+        if not self.divergence_warned:
+            message = divergence_message(list(early), learner, config, num_updates)
+            if message:
+                self.divergence_warned = True
+                messages.append(message)
         if not self.step_size_checked and num_updates >= STEP_SIZE_CHECK_UPDATES:
             self.step_size_checked = True
             message = stalled_step_message(learner, config, num_parameters)

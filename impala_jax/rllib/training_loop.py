@@ -16,6 +16,7 @@ import time
 import jax
 import numpy as np
 
+from impala_jax.rllib.diagnostics import EARLY_UPDATES
 from impala_jax.rllib.module import DEFAULT_MODULE_ID
 from impala_jax.rllib.results import train_result, trainable_info
 from impala_jax.runtime.engine import Engine
@@ -45,6 +46,10 @@ class TrainingLoop:
         self._num_updates = 0
         self._last_lag: list = []
         self._last_learner_metrics: dict = {}
+        # The first EARLY_UPDATES updates' metrics, per member: on the host once fetched, the
+        # rest still on device (the divergence check's baseline, diagnostics.py).
+        self._early_learners: list[list[dict]] = [[] for _ in range(engine.members)]
+        self._early_pending: list = []
         self._iterations_since_restore = 0  # Tune's bookkeeping keys, as RLlib's results have
         self._time_since_restore = 0.0
         self._result_config = checkpoint.jsonable(config.to_dict())
@@ -65,6 +70,8 @@ class TrainingLoop:
         if update is None:  # an engine that only samples
             return
         self._last_learner_metrics = update.metrics
+        if self._num_updates < EARLY_UPDATES:
+            self._early_pending.append(update.metrics)
         self._last_lag.append(update.lag)
         self._num_updates += 1
         self._env_steps_trained += update.env_steps_trained
@@ -84,7 +91,8 @@ class TrainingLoop:
         return bool(collectives.broadcast(np.bool_(done), "process 0's end of iteration"))
 
     def _check_learner(self, learners: list[dict]) -> None:
-        """Called with each member's learner metrics as soon as they are fetched."""
+        """Called with each member's learner metrics as soon as they are fetched (and
+        ``_early_learners`` holds each member's first updates' metrics fetched so far)."""
 
     def _finish_result(self, result: dict, learner: dict) -> dict:
         """Called with each member's result and the learner metrics it holds."""
@@ -103,13 +111,21 @@ class TrainingLoop:
                 break
         with self._timers.time("learner_fetch"):
             # The one device->host fetch of the iteration; it also waits for the last step.
-            fetched = jax.device_get(self._last_learner_metrics)
+            fetched, early = jax.device_get((self._last_learner_metrics, self._early_pending))
+        self._early_pending = []
         self.engine.end_iteration()
         members = self.engine.members
-        learners = [
-            {k: float(np.reshape(v, members)[i]) for k, v in fetched.items()}
-            for i in range(members)
-        ]
+
+        def per_member(metrics: dict) -> list[dict]:
+            return [
+                {k: float(np.reshape(v, members)[i]) for k, v in metrics.items()}
+                for i in range(members)
+            ]
+
+        learners = per_member(fetched)
+        for metrics in early:
+            for kept, member in zip(self._early_learners, per_member(metrics), strict=True):
+                kept.append(member)
         self._check_learner(learners)
         elapsed = time.perf_counter() - started
         self._iteration += 1

@@ -36,7 +36,9 @@ logger = logging.getLogger(__name__)
 
 SUBDIRECTORY = "impala_jax_programs"
 SUFFIX = ".jaxexport"
-_PACKAGE = Path(__file__).resolve().parent.parent  # the whole package
+# The whole package, found from this module's dotted name, so a move of this file cannot leave
+# part of it out (parent.parent once meant runtime/ alone: an edit to core/ reused old programs).
+_PACKAGE = Path(__file__).resolve().parents[len(__name__.split(".")) - 2]
 _source_digest: str | None = None
 
 
