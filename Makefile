@@ -15,7 +15,7 @@ GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda12)
 EXTRAS := test$(if $(GPU),$(comma)$(GPU))
 RUN_EXTRAS := $(if $(GPU),[$(GPU)])
 
-.PHONY: install run notebook test test-slow bench soak lint format clean
+.PHONY: install run notebook test test-slow bench bench-minatar soak lint format clean
 
 install: $(STAMP)
 
@@ -53,6 +53,11 @@ test-slow: install
 bench: install
 	$(BYTECODE)
 	$(BIN)/python -m benchmarks.run_all
+
+# The MinAtar table (benchmarks/minatar.py): 4 games x 3 seeds x 10 M env steps of IMPALA and
+# of PPO with PureJaxRL's settings, about an hour on 2 cores; not in bench.
+bench-minatar: install
+	$(BIN)/python -m benchmarks.minatar
 
 # 20 minutes of CartPole under runner kills and NaN batches (benchmarks/soak.py); not in bench.
 soak: install
