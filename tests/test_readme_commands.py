@@ -61,6 +61,7 @@ COMMANDS = {
     FORMAT: Check("run"),
     "make bench": Check("not_runnable", "runs every benchmark; it needs a machine of its own"),
     "make soak": Check("not_runnable", "a 20-minute benchmark by design"),
+    "make bench-minatar": Check("not_runnable", "an hour of training by design"),
     "make notebook": Check("not_runnable", "opens a JupyterLab server and waits"),
     "bash benchmarks/gpu.sh": Check("not_runnable", "needs a GPU"),
     PYTHON: Check("run"),  # the interpreter every other command uses
