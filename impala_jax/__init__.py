@@ -11,6 +11,7 @@ __all__ = [
     "RLModuleSpec",
     "RLlibCallback",
     "SeedGroup",
+    "make_train",
     "register_env",
 ]
 
@@ -34,6 +35,10 @@ def __getattr__(name: str):
         from impala_jax.rllib.registry import register_env
 
         return register_env
+    if name == "make_train":  # PureJaxRL's make_train: a run on device as one function
+        from impala_jax.rllib.make_train import make_train
+
+        return make_train
     if name == "RLlibCallback":  # RLlib's callbacks base class
         from impala_jax.rllib.callbacks import RLlibCallback
 
@@ -42,4 +47,6 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"IMPALA", "RLlibCallback", "SeedGroup", "register_env"})
+    return sorted(
+        set(globals()) | {"IMPALA", "RLlibCallback", "SeedGroup", "make_train", "register_env"}
+    )

@@ -214,6 +214,17 @@ class Learner:
         keys = np.asarray(jax.random.key_data(keys))[np.asarray(mine)]
         return Replay(data, np.zeros((n,), np.int32), keys)
 
+    def replay_slots_of(self, replay_key, example: Batch) -> Replay:
+        """``replay_slots`` as JAX values of a traced ``replay_key``, every device's slots (one
+        process): what a training function built in one program starts from."""
+        n = self.num_devices
+        data = jax.tree.map(
+            lambda x: jnp.zeros(self._slot_shape(x, n), x.dtype),
+            example._replace(param_version=None),
+        )
+        keys = jax.random.key_data(jax.random.split(replay_key, n))
+        return Replay(data, jnp.zeros((n,), jnp.int32), keys)
+
     def init_replay_from_leaves(self, leaves: list) -> None:
         """Replay slots from the flat leaves of a saved ``Replay`` (see state_arrays), laid out
         as this learner's slots (a recurrent batch's core_state is a pytree of its own)."""

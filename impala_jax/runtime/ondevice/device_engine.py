@@ -17,6 +17,8 @@ or a restore the ring holds the starting params, and the lag reported is the tru
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,7 +32,7 @@ from impala_jax.core.rollout import (
     make_rollout,
     reset_envs,
 )
-from impala_jax.core.types import LEARNER_AXIS
+from impala_jax.core.types import LEARNER_AXIS, LearnerState
 from impala_jax.runtime.acting.env_runner import ParamStore
 from impala_jax.runtime.engine import DeviceSpec, Report, Update
 from impala_jax.runtime.envs.jax_envs import action_map, check_device_actions
@@ -259,6 +261,73 @@ class DeviceEngine:
         columns = learner.step_spec.columns * learner.num_devices
         return Update(metrics, np.full(columns, lag, np.int32), self._trained_per_update)
 
+    def train_function(self, num_updates: int):
+        """The whole run as one pure function, PureJaxRL's ``train(key)``: ``train(key) ->
+        (TrainCarry, metrics)``, ``num_updates`` of this engine's program in one ``lax.scan``,
+        from the learner state, replay slots, envs and ring that ``key`` gives. A user can
+        ``jax.jit`` it, ``jax.vmap`` it over keys and call it inside a program of their own.
+
+        ``key = jax.random.key(seed)`` starts where a run with that seed starts (the learner's
+        key from ``run_keys``, the envs' from ``initial_envs``), so the updates are the ones
+        ``train()`` makes. ``metrics``: each learner metric per update (``[num_updates]``), with
+        ``episode_return_sum`` and ``num_episodes`` over the episodes that ended in it, and
+        ``num_env_steps_sampled_lifetime`` after it."""
+        if self._grouped:
+            raise ValueError("train_function is one run's; a group has a member axis of its own.")
+        learner, lag = self.learner, self.lag
+        step = sample_and_update_fn(
+            device_rollout(self.spec, self._env, self._policy),
+            learner.per_device_step,
+            self.rollouts_per_update,
+            lag,
+        )
+        per_update = self.env_steps_per_update
+        counters = [optim.env_steps_operand((i + 1) * per_update) for i in range(num_updates)]
+        counters = jnp.asarray(np.stack(counters))
+        example = self._example_batch() if learner.step_spec.replay_columns else None
+        env, num_envs = self._env, self.num_envs
+
+        def run(state, replay, carry, ring, counters):  # on each device
+            def one(c, env_steps):
+                state, replay, carry, ring = c
+                state, replay, carry, ring, metrics, eps = step(
+                    state, replay, carry, ring, env_steps
+                )
+                ended = jnp.sum(eps.ended)
+                returns = jnp.sum(jnp.where(eps.ended, eps.episode_return, 0.0))
+                metrics = dict(
+                    metrics,
+                    episode_return_sum=jax.lax.psum(returns, LEARNER_AXIS),
+                    num_episodes=jax.lax.psum(ended, LEARNER_AXIS),
+                )
+                return (state, replay, carry, ring), metrics
+
+            return jax.lax.scan(one, (state, replay, carry, ring), counters)
+
+        replay_spec = parallel.LEADING if example is not None else ()
+        ring_spec = parallel.REPLICATED if lag else ()
+        carry_specs = (parallel.REPLICATED, replay_spec, parallel.LEADING, ring_spec)
+        program = jax.shard_map(
+            run,
+            mesh=learner.mesh,
+            in_specs=(*carry_specs, parallel.REPLICATED),
+            out_specs=(carry_specs, parallel.REPLICATED),
+            check_vma=False,  # as device_program: the env's own step runs inside
+        )
+
+        def train(key):
+            learner_key, _ = jax.random.split(key)  # run_keys
+            state, replay_key = learner.init_state(learner_key)
+            carry = reset_envs(env, jax.random.fold_in(key, 0), num_envs)  # initial_envs
+            replay = () if example is None else learner.replay_slots_of(replay_key, example)
+            ring = () if not lag else jax.tree.map(lambda x: jnp.stack([x] * lag), state.params)
+            final, metrics = program(state, replay, carry, ring, counters)
+            lifetime = per_update * jnp.arange(1, num_updates + 1)
+            metrics["num_env_steps_sampled_lifetime"] = lifetime
+            return TrainCarry(*final), metrics
+
+        return train
+
     def _example_batch(self):
         """A host batch like the learner's, for the replay slots' shapes."""
         spec, learner = self.spec, self.learner
@@ -307,6 +376,16 @@ class DeviceEngine:
         """Releases the envs, the ring and the episodes; idempotent."""
         self._episodes = []
         self._carry = self._ring = None
+
+
+class TrainCarry(NamedTuple):
+    """What ``DeviceEngine.train_function``'s ``train`` ends with: the learner state, the replay
+    slots (``()`` without replay), the envs and the acting ring (``()`` at lag 0)."""
+
+    state: LearnerState
+    replay: Any
+    envs: EnvCarry
+    ring: Any
 
 
 # The host engine's fault counts (EnvRunnerGroup.fault_tolerance_metrics): none on device.
