@@ -18,7 +18,8 @@ Observation: [ball column, ball row, paddle column], scaled to [0, 1]. A random 
 returns about -0.6; the optimum is 1.
 
 Goal: a return of 0.9 within 1 M env steps (the stop below); measured: 0.96 at 0.42 M env steps
-(seed 0, 4 s of training on a 2-core CPU, the first compilation included).
+(seed 0, 2 s of training on a 2-core CPU, 7 s when it compiles from scratch; seeds 1-3 reach 0.9
+by 0.38 M).
 """
 
 import jax
