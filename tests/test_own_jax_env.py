@@ -244,7 +244,7 @@ def test_the_example_in_the_docs_trains_on_device(registry):
     exec(block[: block.index("```")], namespace)
     config = namespace["config"]
     config.env_runners(num_env_runners=0, num_envs_per_env_runner=16, rollout_fragment_length=20)
-    config.training(train_batch_size_per_learner=320)
+    config.training(train_batch_size_per_learner=320).reporting(min_time_s_per_iteration=0)
     with config.build() as algo:
         assert isinstance(algo.engine, DeviceEngine)
         assert algo.train()["env_runners"]["episode_len_mean"] == 10
