@@ -14,7 +14,7 @@ from impala_jax import IMPALAConfig
 from impala_jax.core.rollout import make_rollout, reset_envs
 from impala_jax.rllib import diagnostics, specs
 from impala_jax.runtime.acting.env_runner import EnvRunner, ParamStore
-from impala_jax.runtime.envs.jax_envs import make_jax_env
+from impala_jax.runtime.envs.env_registry import make_jax_env
 from tests.test_fragment_door import saturate
 
 ENV = "gymnax:CartPole-v1"
@@ -354,7 +354,7 @@ def test_making_a_gymnax_env_imports_only_its_module():
 
     code = (
         "import sys\n"
-        "from impala_jax.runtime.envs.jax_envs import make_jax_env\n"
+        "from impala_jax.runtime.envs.env_registry import make_jax_env\n"
         "make_jax_env('gymnax:CartPole-v1')\n"
         "heavy = [m for m in ('seaborn', 'matplotlib.pyplot', 'gymnax.registration') "
         "if m in sys.modules]\n"

@@ -35,7 +35,7 @@ from impala_jax.runtime.acting.host_engine import AgreedHostEngine, HostEngine
 from impala_jax.runtime.acting.policy import make_policy
 from impala_jax.runtime.acting.user_code import UserCodeError
 from impala_jax.runtime.engine import Engine
-from impala_jax.runtime.envs.jax_envs import is_jax_env, make_jax_env
+from impala_jax.runtime.envs.env_registry import is_jax_env, make_jax_env
 from impala_jax.runtime.envs.vec_env import ActionAdapter, make_vec_env
 from impala_jax.runtime.learning import parallel, program_cache
 from impala_jax.runtime.learning.learner import Learner, run_keys
@@ -89,7 +89,7 @@ class IMPALA(TrainingLoop, Checkpointable):
         level = config.log_level.upper()
         logging.getLogger("impala_jax").setLevel("WARNING" if level == "WARN" else level)
         # An env written in JAX trains on device: sampling is part of the update's program.
-        self._on_device = is_jax_env(config.env)
+        self._on_device = is_jax_env(config.env, config.env_config)
         seed = config.seed if config.seed is not None else 0
         learner_key, actor_key = run_keys(seed)
         self._seed = seed

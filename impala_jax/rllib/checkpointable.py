@@ -98,9 +98,13 @@ class Checkpointable:
         state = self.get_state()
         arrays = {f"learner_{i:05d}": x for i, x in enumerate(state["learner"])}
         arrays.update({f"replay_{i:05d}": x for i, x in enumerate(state["replay"])})
+        config = checkpoint.jsonable(self.config.to_dict())
+        env = config.get("env")
+        if not isinstance(env, str | None):  # an env instance (gymnax's): no import path
+            config["env"] = f"<instance of {type(env).__module__}:{type(env).__qualname__}>"
         meta = {
             "format": checkpoint.FORMAT,
-            "config": checkpoint.jsonable(self.config.to_dict()),
+            "config": config,
             CONFIG_CLASS_KEY: checkpoint.jsonable(type(self.config)),
             "counters": state["counters"],
             "episodes": state["episodes"],

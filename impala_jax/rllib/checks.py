@@ -124,9 +124,9 @@ class _Validator:
         c = self
         c.check(
             "env",
-            lambda v: v is None or isinstance(v, str) or callable(v),
-            "an env id such as 'CartPole-v1', an import path 'pkg.mod:Env', an env class or a "
-            "creator function",
+            lambda v: v is None or isinstance(v, str) or callable(v) or _is_gymnax_instance(v),
+            "an env id such as 'CartPole-v1', an import path 'pkg.mod:Env', an env class, a "
+            "creator function or an instance of a gymnax Environment",
         )
         c.check("env_config", lambda v: isinstance(v, Mapping), "a dict")
         for name in ("observation_space", "action_space"):
@@ -488,3 +488,10 @@ class _Validator:
         c.choice("framework", FRAMEWORKS)
         for name in ("enable_rl_module_and_learner", "enable_env_runner_and_connector_v2"):
             c.check(name, lambda v: v is True, "True: the old API stack is not offered")
+
+
+def _is_gymnax_instance(env: Any) -> bool:
+    # Imported here, as in device_checks: importing the config stays free of gymnasium.
+    from impala_jax.runtime.envs.jax_envs import is_gymnax_env
+
+    return not isinstance(env, type) and is_gymnax_env(env)

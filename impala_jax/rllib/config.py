@@ -102,7 +102,7 @@ class IMPALAConfig(RLlibBuilders):
         self.batch_mode = "truncate_episodes"  # the only mode: fragments cut across episodes
         self.explore = True  # True: sample actions; False: take the most likely action
         self.observation_filter = "NoFilter"  # the only filter supported so far
-        # impala_jax's, on device only ("gymnax:<id>" envs): act with params this many updates
+        # impala_jax's, on device only (envs written in JAX): act with params this many updates
         # old (0: the params being updated, exactly on-policy); None = 0 there, unset on host.
         self.policy_lag = None
 

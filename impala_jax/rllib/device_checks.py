@@ -1,4 +1,5 @@
-"""The config's rules for an env written in JAX (``"gymnax:<id>"``), which trains on device.
+"""The config's rules for an env written in JAX (``"gymnax:<id>"``, a gymnax ``Environment``),
+which trains on device.
 
 Acting, env stepping and the update run in one compiled program there
 (runtime/ondevice/device_engine.py): a field that shapes host threads, queues or per-step Python
@@ -46,16 +47,16 @@ def check_device_fields(v: Any) -> None:
     field that cannot take its value with the config's env."""
     # Imported here: the config imports this module, and importing the config stays free of
     # gymnasium and NumPy (the command line reports a missing one in a line of its own).
-    from impala_jax.runtime.envs.jax_envs import is_jax_env
+    from impala_jax.runtime.envs.env_registry import is_jax_env
 
-    if not v.ok("env", "policy_lag"):
+    if not v.ok("env", "env_config", "policy_lag"):
         return
-    if not is_jax_env(v.value("env")):
+    if not is_jax_env(v.value("env"), v.value("env_config")):
         if v.value("policy_lag") is not None:
             v.fail(
                 "policy_lag",
-                "sets the policy lag of an env written in JAX ('gymnax:<id>'), which trains on "
-                "device; runner threads act with the newest params they have: leave it None",
+                "sets the policy lag of an env written in JAX (e.g. 'gymnax:<id>'), which trains "
+                "on device; runner threads act with the newest params they have: leave it None",
             )
         return
     v.integer("policy_lag", 0, none_ok=True)

@@ -1,13 +1,13 @@
 """Several seeds of one on-device run side by side, in one compiled program.
 
-``SeedGroup(config, seeds=[0, 1, 2, 3])`` for an env written in JAX (``"gymnax:<id>"``) is the
-device engine (runtime/ondevice/device_engine.py) over a member axis: every seed's learner state,
-replay slots, envs and acting params carry a leading seed axis, and one dispatch of one compiled
-program trains all seeds, each from what ``debugging(seed=s)`` gives a run alone (its learner key,
-its envs' keys). ``train()`` is ``IMPALA``'s iteration loop (rllib/training_loop.py) and returns one
-result per seed, with ``IMPALA.train()``'s keys and a ``seed`` key. It is for studies that run many
-seeds of a small problem (a learning curve with its spread, a sweep's repeats); a run's checkpoints,
-evaluation and callbacks are ``IMPALA``'s.
+``SeedGroup(config, seeds=[0, 1, 2, 3])`` for an env written in JAX (``"gymnax:<id>"``, a gymnax
+``Environment``) is the device engine (runtime/ondevice/device_engine.py) over a member axis: every
+seed's learner state, replay slots, envs and acting params carry a leading seed axis, and one
+dispatch of one compiled program trains all seeds, each from what ``debugging(seed=s)`` gives a run
+alone (its learner key, its envs' keys). ``train()`` is ``IMPALA``'s iteration loop
+(rllib/training_loop.py) and returns one result per seed, with ``IMPALA.train()``'s keys and a
+``seed`` key. It is for studies that run many seeds of a small problem (a learning curve with its
+spread, a sweep's repeats); a run's checkpoints, evaluation and callbacks are ``IMPALA``'s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from impala_jax.rllib import specs
 from impala_jax.rllib.module import DEFAULT_MODULE_ID
 from impala_jax.rllib.training_loop import TrainingLoop
 from impala_jax.runtime.acting.policy import make_policy
-from impala_jax.runtime.envs.jax_envs import is_jax_env, make_jax_env
+from impala_jax.runtime.envs.env_registry import is_jax_env, make_jax_env
 from impala_jax.runtime.learning import parallel
 from impala_jax.runtime.learning.learner import Learner, run_keys
 from impala_jax.runtime.ondevice.device_engine import DeviceEngine
@@ -33,10 +33,11 @@ class SeedGroup(TrainingLoop):
         seeds = [int(s) for s in seeds]
         if not seeds or len(set(seeds)) != len(seeds):
             raise ValueError(f"SeedGroup(seeds={seeds!r}): expected distinct ints, at least one.")
-        if not is_jax_env(config.env):
+        if not is_jax_env(config.env, config.env_config):
             raise ValueError(
                 f"SeedGroup: environment(env={config.env!r}) steps on the host; seeds side by "
-                "side need an env written in JAX ('gymnax:<id>'). Run one IMPALA per seed."
+                "side need an env written in JAX ('gymnax:<id>' or a gymnax Environment). Run one "
+                "IMPALA per seed."
             )
         config = config.copy()
         config.validate()

@@ -14,13 +14,20 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import gymnasium as gym
 
-from impala_jax.runtime.envs.jax_envs import GYMNAX_PREFIX, gymnax_ids
+from impala_jax.runtime.envs.jax_envs import (
+    GYMNAX_PREFIX,
+    adapt_jax_env,
+    check_not_lookalike,
+    gymnax_ids,
+    is_gymnax_env,
+)
 from impala_jax.runtime.process.import_path import bare_package, take_out
 
 
@@ -142,8 +149,10 @@ def envpool_options(env_id: str) -> frozenset[str]:
 class EnvChoice(NamedTuple):
     """Which backend builds ``environment(env=...)``, with what, under which name."""
 
-    backend: str  # "envpool" or "gymnasium"
-    target: str | Callable  # an envpool or gymnasium id, or a creator fn(env_context)
+    backend: str  # "envpool", "gymnasium" or "gymnax" (an env written in JAX, on device)
+    # An envpool or gymnasium id, or a creator fn(env_context); for "gymnax": "gymnax:<id>", a
+    # gymnax Environment class or instance, or the (env, params) a creator made.
+    target: Any
     name: str  # the user's spelling, for messages
 
 
@@ -231,24 +240,33 @@ def choose_env(env: Any, env_config: Mapping[str, Any] | None = None) -> EnvChoi
     1. a name given to ``register_env`` (impala_jax's, or Ray Tune's when ray is imported);
     2. ``"envpool:<id>"``: envpool's env of that id, whatever gymnasium has;
        ``"gymnax:<id>"``: gymnax's env of that id, stepped on device (runtime/envs/jax_envs.py);
-    3. ``"pkg.module:Name"``: the class or function ``Name`` of that module, or gymnasium's
-       ``"module:<id>"`` (import the module, which registers ``<id>``: ``"ale_py:ALE/Pong-v5"``);
+    3. ``"pkg.module:Name"``: the class, function or object ``Name`` of that module, or
+       gymnasium's ``"module:<id>"`` (import the module, which registers ``<id>``:
+       ``"ale_py:ALE/Pong-v5"``);
     4. a gymnasium id (``ALE/`` ids import ale_py first): gymnasium's env, or envpool's where
        it is the same env (``ENVPOOL_SAME_AS_GYMNASIUM``) and every ``env_config`` key is an
        envpool option (``is_slippery=False`` for FrozenLake-v1 is gymnasium's alone);
     5. an id only envpool has (``"Pong-v5"``);
     6. a class or function: called per env with an ``EnvContext``.
+
+    An env written in JAX (a subclass or instance of gymnax's ``Environment``, or what a
+    registered name or function creates, ``jax_env_made_by``) is ``"gymnax"``: it trains on
+    device.
     """
     env_config = env_config or {}
+    if is_gymnax_env(env) and not isinstance(env, type):  # an instance
+        return EnvChoice("gymnax", env, type(env).__qualname__)
     if callable(env) and not isinstance(env, str):
-        return EnvChoice("gymnasium", env, getattr(env, "__qualname__", repr(env)))
+        return _callable_choice(env, env_config, getattr(env, "__qualname__", repr(env)))
     if not isinstance(env, str):
+        check_not_lookalike(env, repr(env))
         raise ValueError(
-            f"environment(env={env!r}): expected an env id string or a creator callable/class."
+            f"environment(env={env!r}): expected an env id string, a creator callable/class, "
+            "or an instance of a gymnax Environment."
         )
     creator = registered_creator(env)
     if creator is not None:
-        return EnvChoice("gymnasium", creator, env)
+        return _callable_choice(creator, env_config, env)
     if env.startswith(ENVPOOL_PREFIX):
         env_id = env[len(ENVPOOL_PREFIX) :]
         if env_id not in envpool_ids():
@@ -269,7 +287,7 @@ def choose_env(env: Any, env_config: Mapping[str, Any] | None = None) -> EnvChoi
                 f"environment(env={env!r}): cannot import module {module!r} ({err})."
             ) from err
         if hasattr(found, attr):
-            return EnvChoice("gymnasium", getattr(found, attr), env)
+            return _callable_choice(getattr(found, attr), env_config, env)
         if attr not in gym.registry:
             raise ValueError(
                 f"environment(env={env!r}): module {module!r} has no attribute {attr!r}, and "
@@ -293,6 +311,76 @@ def choose_env(env: Any, env_config: Mapping[str, Any] | None = None) -> EnvChoi
     )
 
 
+def _callable_choice(target: Any, env_config: Mapping[str, Any], name: str) -> EnvChoice:
+    """A class, function or object named by the user: ``"gymnax"`` when it is, or creates, an
+    env written in JAX; else a gymnasium creator, called per env."""
+    if is_gymnax_env(target):
+        return EnvChoice("gymnax", target, name)
+    check_not_lookalike(target, name)
+    if callable(target) and not isinstance(target, type):
+        made = jax_env_made_by(target, env_config, name)
+        if made is not None:
+            return EnvChoice("gymnax", made, name)
+    return EnvChoice("gymnasium", target, name)
+
+
+# creator -> the env_configs (as repr) it made a host env for: it is not called again to ask.
+_HOST_CREATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def jax_env_made_by(creator: Callable, env_config: Mapping[str, Any], name: str) -> tuple | None:
+    """``(env, params)`` when ``creator``, given ``env_config``, makes an env written in JAX (a
+    gymnax ``Environment``, or gymnax.make's ``(env, params)``; params default to its
+    ``default_params``); None when it makes any other env (closed at once) or raises (the host
+    path then reports it). A creator returns no type to read beforehand, so it is called to
+    find out: once per env_config for a host env, whose answer is remembered."""
+    config_key = repr(sorted(dict(env_config).items()))
+    try:
+        if config_key in _HOST_CREATORS.get(creator, ()):
+            return None
+    except TypeError:  # a creator that takes no weak reference: asked every time
+        pass
+    try:
+        made = call_creator(creator, EnvContext(env_config))
+    except Exception:
+        return None
+    env = made[0] if isinstance(made, tuple) and len(made) == 2 else made
+    if is_gymnax_env(env):
+        return (env, made[1]) if env is not made else (env, env.default_params)
+    check_not_lookalike(env, name)
+    close = getattr(made, "close", None)
+    if callable(close):
+        close()
+    try:
+        _HOST_CREATORS.setdefault(creator, set()).add(config_key)
+    except TypeError:
+        pass
+    return None
+
+
+def is_jax_env(env: Any, env_config: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``environment(env=..., env_config=...)`` names an env written in JAX, which
+    trains on device. False for an env that does not resolve: building it says why."""
+    if isinstance(env, str):
+        if env.startswith(GYMNAX_PREFIX):
+            return True
+        plain_id = ":" not in env or env in gym.registry or env.startswith(ENVPOOL_PREFIX)
+        if plain_id and registered_creator(env) is None:
+            return False  # an envpool or gymnasium id: nothing to import or call
+    try:
+        return choose_env(env, env_config).backend == "gymnax"
+    except ValueError:
+        return False
+
+
+def make_jax_env(env: Any, env_config: Mapping[str, Any] | None = None):
+    """The ``jax_envs.GymnaxEnv`` of an env written in JAX (``is_jax_env``)."""
+    choice = choose_env(env, env_config)
+    if choice.backend != "gymnax":
+        raise ValueError(f"environment(env={env!r}): not an env written in JAX.")
+    return adapt_jax_env(choice.target, env_config, choice.name)
+
+
 def _unknown_env(env: str, known: list[str], why: str) -> ValueError:
     close = difflib.get_close_matches(env.removeprefix(ENVPOOL_PREFIX), known)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
@@ -311,6 +399,13 @@ def check_restorable(env: Any, env_config: Mapping[str, Any] | None, where: str)
         "under a name with impala_jax.register_env(name, creator) (or ray.tune.register_env), "
         "train with environment(name), and register it again before from_checkpoint."
     )
+    if isinstance(env, str) and env.startswith("<instance of "):
+        raise ValueError(
+            f"{where} was trained on an env instance, {env}, which a checkpoint cannot store "
+            "(it holds no pickled objects). Pass it back: IMPALA.from_checkpoint(path, "
+            "env=MyEnv(...)); or train with the class, its import path 'pkg.module:MyEnv' or a "
+            "name given to register_env, which checkpoints store."
+        )
     if isinstance(env, str) and ("<lambda>" in env or "<locals>" in env):
         raise ValueError(
             f"{where} was trained on {env!r}, a lambda or local function, which a checkpoint "

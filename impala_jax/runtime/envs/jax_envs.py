@@ -1,11 +1,18 @@
-"""Envs written in JAX: ``environment("gymnax:<id>")`` and its adapter to ``core.rollout.JaxEnv``.
+"""Envs written in JAX (gymnax's ``Environment`` interface) and their adapter, ``GymnaxEnv``.
 
-The prefix names gymnax's registry (``gymnax.make(<id>)``: classic control, MinAtar, bsuite,
-misc). It is read before gymnasium's ``"module:<id>"`` form, for this one module: gymnasium
-would import ``gymnax`` and look for a gymnasium id there. ``env_config`` sets fields of the
-env's ``EnvParams`` (``{"max_steps_in_episode": 200}``). Another family of JAX envs (Brax,
-Jumanji, Craftax) needs one adapter like ``GymnaxEnv``: pure ``reset(key)`` and
-``step(key, state, action)`` without autoreset, and gymnasium spaces.
+An env written in JAX is an instance or a subclass of gymnax's
+``gymnax.environments.environment.Environment`` (the protocol: ``PROTOCOL_HELP``), given as
+``environment("gymnax:<id>")`` (gymnax's registry: ``gymnax.make(<id>)``), as the class or an
+instance, as ``"pkg.module:Class"``, or made by a creator (``register_env``);
+``env_registry.choose_env`` resolves them all. It is recognised by its base class, looked up in
+``sys.modules`` only: an env can subclass gymnax's ``Environment`` only once its module is
+imported, so the question never imports gymnax. The ``gymnax:`` prefix is read before
+gymnasium's ``"module:<id>"`` form, for this one module: gymnasium would import ``gymnax`` and
+look for a gymnasium id there. ``env_config`` sets fields of the env's ``EnvParams``
+(``{"max_steps_in_episode": 200}``), except for a creator, which receives it and returns the env
+(or gymnax.make's ``(env, params)``). Another family of JAX envs (Brax, Jumanji, Craftax) needs
+one adapter like ``GymnaxEnv``: pure ``reset(key)`` and ``step(key, state, action)`` without
+autoreset, and gymnasium spaces.
 """
 
 from __future__ import annotations
@@ -31,11 +38,53 @@ from impala_jax.runtime.process.import_path import bare_package, take_out
 # and the command line reads it before it starts JAX.
 
 GYMNAX_PREFIX = "gymnax:"
+GYMNAX_BASE = "gymnax.environments.environment"  # the module of gymnax's ``Environment``
+# What an env defines; gymnax's Environment gives the rest (is_truncated: state.time >=
+# params.max_steps_in_episode).
+PROTOCOL = ("reset_env", "step_env", "observation_space", "action_space")
+PROTOCOL_HELP = (
+    "An env written in JAX subclasses gymnax.environments.environment.Environment and defines "
+    "default_params (a flax.struct.dataclass, the fields env_config sets), reset_env(key, "
+    "params) -> (obs, state), step_env(key, state, action, params) -> (obs, state, reward, "
+    "terminated, info) for one env without autoreset, observation_space(params) and "
+    "action_space(params) (gymnax's Box or Discrete), and either a state with a time field "
+    "and params with max_steps_in_episode, or is_truncated(state, params) "
+    "(docs/config.md, 'Envs written in JAX')."
+)
 
 
-def is_jax_env(env: Any) -> bool:
-    """Whether ``environment(env=...)`` names an env that steps on device."""
-    return isinstance(env, str) and env.startswith(GYMNAX_PREFIX)
+def gymnax_base() -> type | None:
+    """gymnax's ``Environment`` once its module is imported, else None (see the docstring)."""
+    return getattr(sys.modules.get(GYMNAX_BASE), "Environment", None)
+
+
+def is_gymnax_env(obj: Any) -> bool:
+    """Whether ``obj`` is a subclass or an instance of gymnax's ``Environment``."""
+    base = gymnax_base()
+    if base is None:
+        return False
+    return issubclass(obj, base) if isinstance(obj, type) else isinstance(obj, base)
+
+
+def check_not_lookalike(obj: Any, name: str) -> None:
+    """Raises for a class or object with gymnax's ``reset_env`` and ``step_env`` that does not
+    subclass its ``Environment``: it would go down the host path and fail there, obscurely."""
+    if is_gymnax_env(obj) or not all(
+        callable(getattr(obj, m, None)) for m in ("reset_env", "step_env")
+    ):
+        return
+    cls = obj if isinstance(obj, type) else type(obj)
+    install = (
+        ""
+        if importlib.util.find_spec("gymnax")
+        else " gymnax is not installed: pip install -e '.[gymnax]'."
+    )
+    raise ValueError(
+        f"environment(env={name!r}): {cls.__qualname__} has gymnax's reset_env and step_env but "
+        f"does not subclass gymnax.environments.environment.Environment, by which an env "
+        f"written in JAX is recognised (and trains on device); write class "
+        f"{cls.__qualname__}(Environment).{install} {PROTOCOL_HELP}"
+    )
 
 
 def _missing(err: Exception) -> ValueError:
@@ -133,32 +182,17 @@ def _to_gymnasium(space, what: str, name: str) -> gym.Space:
 
 
 class GymnaxEnv:
-    """One gymnax env with its params as a ``core.rollout.JaxEnv``, and its gymnasium spaces."""
+    """One gymnax ``Environment`` with its params as a ``core.rollout.JaxEnv``, and its
+    gymnasium spaces. ``version``: gymnax's, for an env of its registry (a stored program's
+    key); None for a user's env, whose code no key covers (its programs are not kept on disk)."""
 
-    def __init__(self, env: str, env_config: Mapping[str, Any] | None = None):
-        env_id, ids = env[len(GYMNAX_PREFIX) :], gymnax_ids()
-        if env_id not in ids:
-            close = difflib.get_close_matches(env_id, ids)
-            hint = f" Did you mean {', '.join(GYMNAX_PREFIX + c for c in close)}?" if close else ""
-            raise ValueError(
-                f"environment(env={env!r}): gymnax has no env {env_id!r}.{hint} Its envs: "
-                f"{', '.join(ids)}."
-            )
-        self.name = env
-        self.version = importlib.metadata.version("gymnax")  # a stored program's key
-        self._env, params = make_gymnax_env(env_id)
-        fields = [f.name for f in dataclasses.fields(params)]
-        unknown = sorted(set(env_config or {}) - set(fields))
-        if unknown:
-            raise ValueError(
-                f"environment(env={env!r}, env_config=...): {unknown} are not fields of "
-                f"{type(params).__name__}; its fields: {fields}."
-            )
-        self.params = params.replace(**dict(env_config or {}))
-        self.observation_space = _to_gymnasium(
-            self._env.observation_space(self.params), "observation", env
-        )
-        self.action_space = _to_gymnasium(self._env.action_space(self.params), "action", env)
+    def __init__(self, env, params, name: str, version: str | None = None):
+        check_protocol(env, name)
+        self.name, self.version = name, version
+        self._env, self.params = env, params
+        self.observation_space = _to_gymnasium(env.observation_space(params), "observation", name)
+        self.action_space = _to_gymnasium(env.action_space(params), "action", name)
+        self._check_traces()
 
     def reset(self, key):
         import jax.numpy as jnp
@@ -173,9 +207,120 @@ class GymnaxEnv:
         truncated = self._env.is_truncated(state, self.params)
         return obs.astype(jnp.float32), state, reward, terminated, truncated
 
+    def _check_traces(self) -> None:
+        """Traces one reset and one step (shapes only, nothing runs): a broken env fails here,
+        with the method named, not deep inside the compiled rollout."""
+        import jax
+        import jax.numpy as jnp
 
-def make_jax_env(env: str, env_config: Mapping[str, Any] | None = None) -> GymnaxEnv:
-    return GymnaxEnv(env, env_config)
+        key = jax.random.key(0)
+        discrete = isinstance(self.action_space, gym.spaces.Discrete)
+        action = jax.ShapeDtypeStruct(
+            self.action_space.shape, jnp.int32 if discrete else jnp.float32
+        )
+        try:
+            obs, state = jax.eval_shape(self.reset, key)
+        except Exception as err:
+            raise self._untraceable("reset_env(key, params)", err) from err
+        try:
+            out = jax.eval_shape(self.step, key, state, action)
+        except Exception as err:
+            what = "step_env(key, state, action, params) or is_truncated(state, params)"
+            raise self._untraceable(what, err) from err
+        shapes = {"observation": obs.shape, "next observation": out[0].shape}
+        shapes.update(
+            zip(("reward", "terminated", "truncated"), [x.shape for x in out[2:]], strict=True)
+        )
+        wanted = {k: self.observation_space.shape if "observation" in k else () for k in shapes}
+        wrong = [
+            f"{k} {shapes[k]} (expected {wanted[k]})" for k in shapes if shapes[k] != wanted[k]
+        ]
+        if wrong:
+            raise ValueError(
+                f"environment(env={self.name!r}): one env's {', '.join(wrong)}; an env "
+                "returns one env's values (impala_jax vmaps it), the observation of its "
+                "observation_space's shape and scalar reward, terminated and truncated."
+            )
+
+    def _untraceable(self, what: str, err: Exception) -> ValueError:
+        return ValueError(
+            f"environment(env={self.name!r}): its {what} cannot be traced "
+            f"({type(err).__name__}: {err}). {PROTOCOL_HELP}"
+        )
+
+
+def check_protocol(env, name: str) -> None:
+    """Raises, naming them, when ``env``'s class leaves methods of the protocol to gymnax's
+    ``Environment``, which only raises NotImplementedError there."""
+    base = gymnax_base()
+    missing = [m for m in PROTOCOL if getattr(type(env), m, None) is getattr(base, m, None)]
+    if missing:
+        raise ValueError(
+            f"environment(env={name!r}): {type(env).__qualname__} does not define "
+            f"{', '.join(missing)}. {PROTOCOL_HELP}"
+        )
+
+
+def _with_config(params, env_config: Mapping[str, Any], name: str):
+    """``params`` with the fields ``env_config`` sets (gymnax's ``EnvParams``)."""
+    if not env_config:
+        return params
+    if not dataclasses.is_dataclass(params):
+        raise ValueError(
+            f"environment(env={name!r}, env_config={dict(env_config)!r}): env_config sets "
+            f"fields of the env's default_params, and this one is a {type(params).__name__}, not "
+            "a dataclass; make default_params a flax.struct.dataclass (as gymnax's EnvParams)."
+        )
+    fields = [f.name for f in dataclasses.fields(params)]
+    unknown = sorted(set(env_config) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"environment(env={name!r}, env_config=...): {unknown} are not fields of "
+            f"{type(params).__name__}; its fields: {fields}."
+        )
+    return dataclasses.replace(params, **dict(env_config))
+
+
+def _registry_env(env: str):
+    """``(env, default params)`` of ``"gymnax:<id>"``, or a ValueError naming close ids."""
+    env_id, ids = env[len(GYMNAX_PREFIX) :], gymnax_ids()
+    if env_id not in ids:
+        close = difflib.get_close_matches(env_id, ids)
+        hint = f" Did you mean {', '.join(GYMNAX_PREFIX + c for c in close)}?" if close else ""
+        raise ValueError(
+            f"environment(env={env!r}): gymnax has no env {env_id!r}.{hint} Its envs: "
+            f"{', '.join(ids)}."
+        )
+    return make_gymnax_env(env_id)
+
+
+def _construct(cls: type, name: str):
+    try:
+        return cls()
+    except TypeError as err:
+        raise ValueError(
+            f"environment(env={name!r}): {cls.__qualname__}() needs arguments ({err}). A class "
+            "is made with none, as gymnax.make makes its envs, and env_config sets fields of its "
+            "default_params; give an instance, environment(env="
+            f"{cls.__qualname__}(...)), or register a creator: register_env(name, lambda "
+            f"env_config: {cls.__qualname__}(...))."
+        ) from err
+
+
+def adapt_jax_env(target, env_config: Mapping[str, Any] | None, name: str) -> GymnaxEnv:
+    """The ``GymnaxEnv`` of what ``env_registry.choose_env`` resolved: ``"gymnax:<id>"``, a
+    gymnax ``Environment`` class (made with no arguments) or instance, whose ``default_params``
+    ``env_config`` sets fields of; or ``(env, params)`` that a creator made from
+    ``env_config``, taken as they are."""
+    if isinstance(target, tuple):
+        return GymnaxEnv(*target, name)
+    if isinstance(target, str):
+        env, params = _registry_env(target)
+        version = importlib.metadata.version("gymnax")
+    else:
+        env = _construct(target, name) if isinstance(target, type) else target
+        params, version = env.default_params, None
+    return GymnaxEnv(env, _with_config(params, env_config or {}, name), name, version)
 
 
 def action_map(space: gym.Space, normalize_actions: bool, clip_actions: bool) -> Callable:

@@ -39,7 +39,7 @@ from impala_jax.runtime.envs.env_registry import (
     envpool_options,
     import_envpool,
 )
-from impala_jax.runtime.envs.jax_envs import make_jax_env
+from impala_jax.runtime.envs.jax_envs import adapt_jax_env
 
 
 class VecEnv(abc.ABC):
@@ -335,7 +335,7 @@ def make_vec_env(
     choice = choose_env(env, env_config)
     if choice.backend == "gymnax":
         _check_no_thread_pool(choice.name, num_cpus)
-        return JaxVecEnv(make_jax_env(choice.target, env_config), num_envs, seed)
+        return JaxVecEnv(adapt_jax_env(choice.target, env_config, choice.name), num_envs, seed)
     if choice.backend == "envpool":
         vec = EnvpoolVecEnv(choice.target, num_envs, seed, env_config, max(1, math.ceil(num_cpus)))
         check_spaces(vec)

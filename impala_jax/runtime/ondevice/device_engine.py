@@ -174,9 +174,12 @@ def ended_episodes(drained: list, seed: int | None = None) -> list[tuple[float, 
     return out
 
 
-def rollout_description(spec, env) -> list:
+def rollout_description(spec, env) -> list | None:
     """What decides ``device_rollout(spec, env, ...)``'s trace beside the networks: the env
-    (its id, params and gymnax's version), the fragment length and how actions are taken."""
+    (its id, params and gymnax's version), the fragment length and how actions are taken. None
+    for a user's env (no version): its code is not covered, so its program is not kept."""
+    if env.version is None:
+        return None
     return [
         env.name,
         repr(env.params),
