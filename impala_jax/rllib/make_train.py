@@ -3,8 +3,9 @@
 PureJaxRL's habit: ``train = make_train(config)`` returns ``train(key)``, whose whole loop is one
 ``lax.scan``, so a researcher can ``jax.jit(train)``, ``jax.vmap(train)`` over seeds, or call it
 inside a program of their own. Here ``config`` is an ``IMPALAConfig`` whose env is written in
-JAX (``"gymnax:<id>"``); ``num_env_steps`` sets the number of updates (rounded up to whole
-updates of ``train_batch_size_per_learner`` x the learner devices). The function is the device
+JAX (``"gymnax:<id>"`` or a gymnax ``Environment`` of one's own); ``num_env_steps`` sets the
+number of updates (rounded up to whole updates of ``train_batch_size_per_learner`` x the
+learner devices). The function is the device
 engine's own program scanned (``DeviceEngine.train_function``): ``train(jax.random.key(seed))``
 makes the updates ``IMPALA.train()`` makes with ``debugging(seed=seed)`` (tests/test_make_train.py).
 
@@ -18,12 +19,12 @@ from __future__ import annotations
 
 import math
 
-from impala_jax.runtime.envs.jax_envs import is_jax_env
+from impala_jax.runtime.envs.env_registry import is_jax_env
 
 
 def make_train(config, num_env_steps: int):
     """``train(key) -> (TrainCarry, metrics)`` for ``config``'s run of ``num_env_steps``."""
-    if not is_jax_env(config.env):
+    if not is_jax_env(config.env, config.env_config):
         raise ValueError(
             f"make_train(config): environment(env={config.env!r}) is not an env written in "
             "JAX; the training function runs on device, with envs such as "
