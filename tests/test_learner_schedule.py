@@ -138,9 +138,10 @@ def test_minibatch_epochs_match_a_numpy_loop_over_the_same_orders(shuffle):
     step_key = jax.random.split(jax.random.key(7))[1]
     grad_fn = _loss_and_grad(networks, distribution)
     host = batch._replace(param_version=None)
-    losses_, norms = [], []
+    losses_, norms, rows = [], [], []
     for cols in _numpy_orders(step_key, shuffle):
         minibatch = jax.tree.map(lambda x, c=cols: np.asarray(x)[:, c], host)
+        rows.append(float(np.sum(minibatch.valid)))
         (total, _), grads = grad_fn(params, minibatch)
         grads = jax.device_get(grads)
         losses_.append(float(total))
@@ -150,6 +151,9 @@ def test_minibatch_epochs_match_a_numpy_loop_over_the_same_orders(shuffle):
     assert int(state.update_step) == 1
     for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(params), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    # The metrics are the means over the updates.
-    np.testing.assert_allclose(metrics["total_loss"], np.mean(losses_), rtol=1e-4, atol=1e-6)
+    # A row mean (the loss) is the mean over every valid row of the step: the updates' means
+    # weighted by their valid rows; a statistic of the gradient is the mean over the updates.
+    weighted = np.sum(np.multiply(losses_, rows)) / np.sum(rows)
+    assert len(set(rows)) > 1  # the weighting is tested: the minibatches' valid rows differ
+    np.testing.assert_allclose(metrics["total_loss"], weighted, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(metrics[GRAD_NORM], np.mean(norms), rtol=1e-4)

@@ -177,7 +177,7 @@ def test_default_model_config_at_defaults_is_accepted():
         dataclasses.asdict(DefaultModelConfig()),
         encoder="auto",
         impala_cnn_channels=[16, 32, 32],
-        post_fcnet_hiddens=[],
+        post_fcnet_hiddens=None,
         post_fcnet_activation="relu",
     )
     # and as the plain dict of every field

@@ -6,8 +6,7 @@ seed's learner state, replay slots, envs and acting params carry a leading seed 
 dispatch of one compiled program trains all seeds, each from what ``debugging(seed=s)`` gives a run
 alone (its learner key, its envs' keys). ``train()`` is ``IMPALA``'s iteration loop
 (rllib/training_loop.py) and returns one result per seed, with ``IMPALA.train()``'s keys and a
-``seed`` key. It is for studies that run many seeds of a small problem (a learning curve with its
-spread, a sweep's repeats); a run's checkpoints, evaluation and callbacks are ``IMPALA``'s.
+``seed`` key. For many seeds of a small problem; checkpoints and evaluation are ``IMPALA``'s.
 """
 
 from __future__ import annotations
