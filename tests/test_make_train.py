@@ -83,3 +83,122 @@ def test_host_envs_and_bad_budgets_are_errors():
         make_train(host, 640)
     with pytest.raises(ValueError, match="num_env_steps=0"):
         make_train(_small(), 0)
+
+
+def _final_params(config, updates: int, hparams=None):
+    train = make_train(config, updates * 640)
+    final, metrics = jax.jit(train)(jax.random.key(3), hparams)
+    return jax.device_get(final.state.params), jax.device_get(metrics)
+
+
+def _assert_same(a, b, rtol=0.0, atol=0.0):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+
+
+TRACED_ADAM = {
+    "lr": 0.003,
+    "entropy_coeff": 0.02,
+    "vf_loss_coeff": 0.25,
+    "gamma": 0.95,
+    "vtrace_clip_rho_threshold": 0.9,
+    "vtrace_clip_pg_rho_threshold": 1.5,
+    "grad_clip": 0.5,
+}
+
+
+def test_traced_hyperparameters_make_the_updates_of_the_same_values_given_statically():
+    static = _small(lag=2).training(**TRACED_ADAM)
+    expected, expected_metrics = _final_params(static, 3)
+    # Other values in the config: the traced ones must win everywhere they are read.
+    others = _small(lag=2).training(
+        lr=0.01,
+        entropy_coeff=0.0,
+        vf_loss_coeff=1.0,
+        gamma=0.99,
+        vtrace_clip_rho_threshold=1.0,
+        vtrace_clip_pg_rho_threshold=1.0,
+        grad_clip=40.0,
+    )
+    hparams = {k: np.float32(v) for k, v in TRACED_ADAM.items()}
+    got, metrics = _final_params(others, 3, hparams)
+    _assert_same(got, expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(metrics["curr_lr"], expected_metrics["curr_lr"])
+    np.testing.assert_allclose(
+        metrics["curr_entropy_coeff"], expected_metrics["curr_entropy_coeff"]
+    )
+
+
+def test_traced_rmsprop_knobs_and_schedule_values():
+    schedule = [[0, 0.01], [1280, 0.002]]
+    static = _small().training(
+        opt_type="rmsprop",
+        lr=schedule,
+        decay=0.9,
+        epsilon=1e-3,
+        momentum=0.5,
+        entropy_coeff=[[0, 0.05], [640, 0.01]],
+    )
+    expected, expected_metrics = _final_params(static, 3)
+    others = _small().training(
+        opt_type="rmsprop",
+        lr=[[0, 0.1], [1280, 0.1]],
+        decay=0.99,
+        epsilon=0.1,
+        momentum=0.9,
+        entropy_coeff=[[0, 0.0], [640, 0.0]],
+    )
+    hparams = {
+        "lr": np.float32([0.01, 0.002]),
+        "decay": np.float32(0.9),
+        "epsilon": np.float32(1e-3),
+        "momentum": np.float32(0.5),
+        "entropy_coeff": np.float32([0.05, 0.01]),
+    }
+    got, metrics = _final_params(others, 3, hparams)
+    _assert_same(got, expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(metrics["curr_lr"], expected_metrics["curr_lr"], rtol=1e-6)
+
+
+def test_a_traced_policy_lag_acts_as_that_lag_given_statically():
+    expected, expected_metrics = _final_params(_small(lag=1), 4)
+    got, metrics = _final_params(_small(lag=3), 4, {"policy_lag": np.float32(1)})
+    _assert_same(got, expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(metrics["mean_rho"], expected_metrics["mean_rho"], rtol=1e-6)
+    at_zero, _ = _final_params(_small(), 4)
+    got, _ = _final_params(_small(lag=3), 4, {"policy_lag": np.float32(0)})
+    _assert_same(got, at_zero, rtol=1e-6, atol=1e-7)
+
+
+def test_members_vmapped_over_hyperparameters_are_each_value_alone():
+    train = make_train(_small(), 2 * 640)
+    keys = jax.random.split(jax.random.key(5), 2)
+    lrs = np.float32([0.001, 0.03])
+    group, _ = jax.jit(jax.vmap(train))(keys, {"lr": lrs})
+    for i in range(2):
+        alone, _ = jax.jit(train)(keys[i], {"lr": lrs[i]})
+        leaves = (jax.tree.leaves(c.state.params) for c in (group, alone))
+        for x, y in zip(*leaves, strict=True):
+            np.testing.assert_allclose(x[i], y, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "hparams, match",
+    [
+        ({"train_batch_size_per_learner": 1.0}, "decides the compiled program's shapes"),
+        ({"lr_typo": 1.0}, "not a hyperparameter that can be traced"),
+        ({"decay": 0.9}, "only RMSProp reads decay"),
+        ({"lr": np.float32([0.1, 0.2])}, r"expected a scalar"),
+        ({"policy_lag": 1.0}, r"env_runners\(policy_lag=K\)"),
+    ],
+)
+def test_what_cannot_be_traced_is_named(hparams, match):
+    train = make_train(_small(), 640)
+    with pytest.raises(ValueError, match=match):
+        jax.jit(train)(jax.random.key(0), hparams)
+
+
+def test_a_clip_the_config_leaves_out_cannot_be_traced():
+    train = make_train(_small().training(grad_clip=None), 640)
+    with pytest.raises(ValueError, match="grad_clip=None compiles no clipping"):
+        jax.jit(train)(jax.random.key(0), {"grad_clip": 1.0})

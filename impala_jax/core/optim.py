@@ -53,7 +53,9 @@ def piecewise_linear(spec: Any, name: str = "schedule") -> Callable[[jax.Array],
     rule; a ValueError names `name`, the field the value came from. Between points the value is
     interpolated linearly in the env-step counter; past the last point it is held at the last
     value, as RLlib's `Scheduler` does (a `PiecewiseSchedule` whose `outside_value` is the last
-    value). Returns float32.
+    value). Returns float32. ``schedule(env_steps, values)`` takes the values from ``values``
+    instead (a scalar, or ``[K]`` for K points): traced hyperparameters (core/hyperparams.py),
+    the timesteps staying the spec's.
 
     The counter is a scalar or `env_steps_operand`'s ``[hi, lo]`` pair. The value is a sum of
     clamped ramps, ``y0 + sum_k (y_{k+1} - y_k) clip((t - x_k) / (x_{k+1} - x_k), 0, 1)``, with
@@ -63,7 +65,13 @@ def piecewise_linear(spec: Any, name: str = "schedule") -> Callable[[jax.Array],
     spec = as_schedule(name, spec)
     if isinstance(spec, float):
         value = spec
-        return lambda env_steps: jnp.full((), value, jnp.float32)
+
+        def constant(env_steps, values=None):
+            if values is not None:
+                return jnp.asarray(values, jnp.float32)
+            return jnp.full((), value, jnp.float32)
+
+        return constant
     y0 = float(spec[0][1])
     starts = [_split(t) for t, _ in spec[:-1]]
     x_hi = jnp.asarray([h for h, _ in starts], jnp.float32)
@@ -72,7 +80,7 @@ def piecewise_linear(spec: Any, name: str = "schedule") -> Callable[[jax.Array],
     widths = np.asarray([float(b) - float(a) for (a, _), (b, _) in pairs], np.float32)
     rises = np.asarray([float(b) - float(a) for (_, a), (_, b) in pairs], np.float32)
 
-    def schedule(env_steps):
+    def schedule(env_steps, values=None):
         steps = jnp.asarray(env_steps)
         if steps.shape == (2,):
             hi, lo = steps[0].astype(jnp.float32), steps[1].astype(jnp.float32)
@@ -80,7 +88,10 @@ def piecewise_linear(spec: Any, name: str = "schedule") -> Callable[[jax.Array],
             hi, lo = steps.astype(jnp.float32), jnp.zeros((), jnp.float32)
         since = (hi - x_hi) + (lo - x_lo)  # t - x_k per segment
         fraction = jnp.clip(since / widths, 0.0, 1.0)
-        return (y0 + jnp.sum(rises * fraction)).astype(jnp.float32)
+        if values is None:
+            return (y0 + jnp.sum(rises * fraction)).astype(jnp.float32)
+        ys = jnp.asarray(values, jnp.float32)  # traced values at the same timesteps
+        return ys[0] + jnp.sum((ys[1:] - ys[:-1]) * fraction)
 
     return schedule
 
@@ -159,17 +170,28 @@ def _scale_by_neg_lr(
     return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
 
 
-def _single(spec: OptimizerSpec, lr: Schedule) -> optax.GradientTransformationExtraArgs:
-    """clip -> optimizer -> lr, for one parameter group."""
-    lr_fn = piecewise_linear(lr, "lr")
+def _knobs(spec: OptimizerSpec, values: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The optimizer's numbers: the spec's, or the traced ``values`` given
+    (core/hyperparams.py checks which may be); ``lr`` and ``lr_vf`` None: the spec's."""
+    knobs = {k: getattr(spec, k) for k in ("grad_clip", "decay", "epsilon", "momentum")}
+    return knobs | {"lr": None, "lr_vf": None} | dict(values or {})
+
+
+def _single(
+    spec: OptimizerSpec, lr: Schedule, knobs: Mapping[str, Any] | None = None, lr_values=None
+) -> optax.GradientTransformationExtraArgs:
+    """clip -> optimizer -> lr, for one parameter group; ``knobs``: ``_knobs``'s numbers (None:
+    the spec's); ``lr_values``: the schedule's values as traced numbers (None: ``lr``'s own)."""
+    knobs = _knobs(spec, None) if knobs is None else knobs
+    schedule = piecewise_linear(lr, "lr")
+    lr_fn = schedule if lr_values is None else (lambda t: schedule(t, lr_values))
+    clip = _clip(knobs["grad_clip"], spec.grad_clip_by)
     if spec.opt_type == "adam":
         # Adam with optax's defaults (b1=0.9, b2=0.999, eps=1e-8 added outside the bias-corrected
         # sqrt, as torch does), matching RLlib's old stack, which built the framework's default
         # Adam with only the lr set.
         return optax.chain(
-            _clip(spec.grad_clip, spec.grad_clip_by),
-            optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-8),
-            _scale_by_neg_lr(lr_fn),
+            clip, optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-8), _scale_by_neg_lr(lr_fn)
         )
     # RMSProp as TensorFlow 1's tf.train.RMSPropOptimizer, which the IMPALA paper used
     # (arXiv:1802.01561, sec. 5 and table G.1: decay 0.99, eps 0.1, momentum 0):
@@ -187,17 +209,17 @@ def _single(spec: OptimizerSpec, lr: Schedule) -> optax.GradientTransformationEx
     # which every step is a small fraction of what it becomes (issue 17); 0.0 starts at the
     # gradients' own scale, as torch and optax do.
     parts = [
-        _clip(spec.grad_clip, spec.grad_clip_by),
+        clip,
         optax.scale_by_rms(
-            decay=spec.decay,
-            eps=spec.epsilon,
+            decay=knobs["decay"],
+            eps=knobs["epsilon"],
             initial_scale=spec.rmsprop_initial_scale,
             eps_in_sqrt=True,
         ),
         _scale_by_neg_lr(lr_fn),
     ]
-    if spec.momentum:
-        parts.append(optax.trace(decay=spec.momentum, nesterov=False))
+    if spec.momentum:  # the config's: whether the trace (and its state) exists at all
+        parts.append(optax.trace(decay=knobs["momentum"], nesterov=False))
     return optax.chain(*parts)
 
 
@@ -228,15 +250,28 @@ def make_optimizer(spec: OptimizerSpec) -> optax.GradientTransformationExtraArgs
     whose gradient holds a NaN or inf is skipped (zero update, inner state unchanged) and
     counted, unless more than `max_consecutive_non_finite` such updates come in a row, after
     which it is applied.
+
+    `update(..., hparams=values)`: the optimizer's numbers from ``values`` (a dict of traced
+    values by core/hyperparams.py's names: lr, lr_vf, grad_clip, decay, epsilon, momentum),
+    the spec's for the rest.
     """
-    if spec.separate_vf_optimizer:
-        inner = optax.partition(
-            {"default": _single(spec, spec.lr), "vf": _single(spec, float(spec.lr_vf))},
-            _vf_labels,
-        )
-    else:
-        inner = _single(spec, spec.lr)
-    return _apply_if_finite(inner, spec.max_consecutive_non_finite)
+
+    def build(values: Mapping[str, Any] | None) -> optax.GradientTransformationExtraArgs:
+        knobs = _knobs(spec, values)
+        inner = _single(spec, spec.lr, knobs, knobs["lr"])
+        if spec.separate_vf_optimizer:
+            vf = _single(spec, float(spec.lr_vf), knobs, knobs["lr_vf"])
+            inner = optax.partition({"default": inner, "vf": vf}, _vf_labels)
+        return _apply_if_finite(inner, spec.max_consecutive_non_finite)
+
+    static = build(None)
+
+    def update(updates, state, params=None, *, hparams=None, **extra_args):
+        # The chain's state does not depend on its numbers: one init serves every value.
+        optimizer = build(hparams) if hparams else static
+        return optimizer.update(updates, state, params, **extra_args)
+
+    return optax.GradientTransformationExtraArgs(static.init, update)
 
 
 def _apply_if_finite(
@@ -275,9 +310,10 @@ def _apply_if_finite(
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-def current_lr(spec: OptimizerSpec, env_steps: jax.Array) -> jax.Array:
-    """The (non-vf) learning rate at `env_steps`, float32; reported as `curr_lr`."""
-    return piecewise_linear(spec.lr, "lr")(env_steps)
+def current_lr(spec: OptimizerSpec, env_steps: jax.Array, hparams=None) -> jax.Array:
+    """The (non-vf) learning rate at `env_steps`, float32; reported as `curr_lr`; from
+    ``hparams["lr"]`` where traced."""
+    return piecewise_linear(spec.lr, "lr")(env_steps, (hparams or {}).get("lr"))
 
 
 def consecutive_non_finite(opt_state: optax.ApplyIfFiniteState) -> jax.Array:

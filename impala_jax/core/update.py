@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from impala_jax.core import finite, learner_metrics, losses, optim
+from impala_jax.core import finite, hyperparams, learner_metrics, losses, optim
 from impala_jax.core.types import LEARNER_AXIS, Batch, LearnerState
 
 
@@ -182,10 +182,11 @@ def per_device(tree):
 
 
 def _make_loss_fn(networks, distribution, loss_spec: losses.LossSpec):
-    """``loss_fn(params, batch, entropy_coeff) -> (loss, metrics)``: this device's share of the
-    global loss, differentiated by the minibatch update."""
+    """``loss_fn(params, batch, coeffs) -> (loss, metrics)``: this device's share of the global
+    loss, differentiated by the minibatch update. ``coeffs``: the loss's numbers that are not
+    the spec's constants (the current entropy coefficient, traced hyperparameters)."""
 
-    def loss_fn(params, batch: Batch, entropy_coeff):
+    def loss_fn(params, batch: Batch, coeffs):
         # The loss is a mean over this device's valid rows; weighting it by this device's share
         # of all valid rows makes the pmean of grads the gradient of the global mean, so N
         # devices give the same update as one device with the whole batch (and the same for
@@ -210,7 +211,9 @@ def _make_loss_fn(networks, distribution, loss_spec: losses.LossSpec):
             )
         dist_inputs = dist_inputs.reshape(t1, b, -1)
         values = values.reshape(t1, b)
-        discount_t = loss_spec.gamma * (1.0 - batch.terminated.astype(jnp.float32))
+        coeffs = dict(coeffs)
+        gamma = coeffs.pop("gamma", loss_spec.gamma)
+        discount_t = gamma * (1.0 - batch.terminated.astype(jnp.float32))
         loss, metrics = losses.impala_loss(
             dist_inputs[:-1],
             values,
@@ -220,7 +223,7 @@ def _make_loss_fn(networks, distribution, loss_spec: losses.LossSpec):
             discount_t,
             batch.valid,
             distribution=distribution,
-            **loss_spec.loss_keywords(entropy_coeff=entropy_coeff),
+            **loss_spec.loss_keywords(**coeffs),
         )
         # Masked means become shares of the global mean, so their pmean is the global mean;
         # RLlib's pi_loss / vf_loss are sums, beside the means.
@@ -290,7 +293,7 @@ def _minibatch_orders(key, step_spec: StepSpec, n_cols: int) -> jax.Array:
 
 
 def _make_minibatch_update(
-    loss_fn, optimizer, opt_spec, step_spec, batch, entropy_coeff, env_steps
+    loss_fn, optimizer, opt_spec, step_spec, batch, coeffs, opt_values, env_steps
 ):
     """``update((params, opt_state), cols) -> ((params, opt_state), metrics)``: one optimizer
     step on the minibatch of ``batch``'s columns ``cols``, grads averaged over the devices."""
@@ -304,14 +307,17 @@ def _make_minibatch_update(
         # Adam, which is scale-invariant; wrong under RMSProp, clipping and the reported
         # norm). Cast to per-device values, each device's gradient is its own.
         local = per_device(params)
-        grads, metrics = jax.grad(loss_fn, has_aux=True)(local, minibatch, entropy_coeff)
+        grads, metrics = jax.grad(loss_fn, has_aux=True)(local, minibatch, coeffs)
         grads = jax.lax.pmean(grads, LEARNER_AXIS)
         metrics = dict(metrics, gradients_default_optimizer_global_norm=_global_norm(grads))
         if step_spec.log_gradients:  # static: no extra work in the program when off
             for group, group_grads in grads.items():
                 metrics[f"gradients_{group}_global_norm"] = _global_norm(group_grads)
-        updates, opt_state = optimizer.update(grads, opt_state, params, env_steps=env_steps)
-        metrics.update(_step_size_metrics(updates, params, optim.current_lr(opt_spec, env_steps)))
+        updates, opt_state = optimizer.update(
+            grads, opt_state, params, env_steps=env_steps, hparams=opt_values
+        )
+        lr = optim.current_lr(opt_spec, env_steps, opt_values)
+        metrics.update(_step_size_metrics(updates, params, lr))
         params = optax.apply_updates(params, updates)
         return (params, opt_state), metrics
 
@@ -321,24 +327,28 @@ def _make_minibatch_update(
 def make_learner_step(
     networks, distribution, optimizer, opt_spec, loss_spec, step_spec, max_unrolled_updates=0
 ):
-    """Returns the per-device ``learner_step(state, batch, replay, env_steps)``.
+    """Returns the per-device ``learner_step(state, batch, replay, env_steps, hparams=None)``.
 
     ``max_unrolled_updates``: up to this many minibatch updates per step run as an unrolled
-    sequence, more as a ``lax.scan``.
+    sequence, more as a ``lax.scan``. ``hparams``: traced values of some of
+    core/hyperparams.py's names, read in place of the specs' (checked when traced).
     """
     entropy_coeff_at = optim.piecewise_linear(loss_spec.entropy_coeff, "entropy_coeff")
     loss_fn = _make_loss_fn(networks, distribution, loss_spec)
 
-    def learner_step(state: LearnerState, batch: Batch, replay, env_steps):
+    def learner_step(state: LearnerState, batch: Batch, replay, env_steps, hparams=None):
+        hyperparams.check(hparams or {}, opt_spec, loss_spec, max_policy_lag=None)
+        loss_values, opt_values = hyperparams.split(hparams)
         batch = batch._replace(param_version=None)
         if step_spec.replay_columns:
             batch, replay = mix_replay(batch, replay, step_spec)
         n_cols = batch.reward.shape[1]
-        entropy_coeff = entropy_coeff_at(env_steps)
+        entropy_coeff = entropy_coeff_at(env_steps, loss_values.get("entropy_coeff"))
+        coeffs = loss_values | {"entropy_coeff": entropy_coeff}
         key, perm_key = jax.random.split(state.key)
         order = _minibatch_orders(perm_key, step_spec, n_cols)
         update = _make_minibatch_update(
-            loss_fn, optimizer, opt_spec, step_spec, batch, entropy_coeff, env_steps
+            loss_fn, optimizer, opt_spec, step_spec, batch, coeffs, opt_values, env_steps
         )
         carry = (state.params, state.opt_state)
         if order.shape[0] == 1 or order.shape[0] <= max_unrolled_updates:
@@ -360,7 +370,7 @@ def make_learner_step(
         }
         metrics = jax.lax.pmean(metrics, LEARNER_AXIS)
         metrics.update(jax.lax.pmax(maxima, LEARNER_AXIS))
-        metrics["curr_lr"] = optim.current_lr(opt_spec, env_steps)
+        metrics["curr_lr"] = optim.current_lr(opt_spec, env_steps, opt_values)
         metrics["curr_entropy_coeff"] = entropy_coeff
         metrics["num_non_finite_updates"] = optim.non_finite_count(opt_state)
         metrics["num_consecutive_non_finite_updates"] = optim.consecutive_non_finite(opt_state)

@@ -12,7 +12,15 @@ makes the updates ``IMPALA.train()`` makes with ``debugging(seed=seed)`` (tests/
 It returns ``(TrainCarry(state, replay, envs, ring), metrics)``: the final learner state
 (``state.params``), and per update each learner metric, ``episode_return_sum`` and
 ``num_episodes`` (the episodes that ended in it) and ``num_env_steps_sampled_lifetime``.
-The hyperparameters are the config's, fixed when the function is made.
+
+Hyperparameters as traced values: ``train(key, hparams)`` with ``hparams`` a dict from names
+of ``impala_jax.core.hyperparams.TRACEABLE`` (lr, entropy_coeff, vf_loss_coeff, gamma, the two
+V-trace clip thresholds, grad_clip, RMSProp's decay, epsilon and momentum, lr_vf, policy_lag)
+to values, read in place of the config's: ``jax.vmap(train)(keys, {"lr": lrs})`` trains one
+member per lr in one program. A scheduled lr or entropy_coeff takes the schedule's values
+(shape ``[K]``, the timesteps stay the config's); a traced ``policy_lag`` k acts with the params
+of k updates before, up to the config's ``policy_lag``, which sizes the ring. Anything else
+(network and batch sizes, the optimizer type) shapes the program: a ValueError names it.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from impala_jax.runtime.envs.env_registry import is_jax_env
 
 
 def make_train(config, num_env_steps: int):
-    """``train(key) -> (TrainCarry, metrics)`` for ``config``'s run of ``num_env_steps``."""
+    """``train(key, hparams=None) -> (TrainCarry, metrics)`` for ``config``'s run of
+    ``num_env_steps``."""
     if not is_jax_env(config.env, config.env_config):
         raise ValueError(
             f"make_train(config): environment(env={config.env!r}) is not an env written in "

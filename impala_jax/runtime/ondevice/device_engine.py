@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from impala_jax.core import optim
+from impala_jax.core import hyperparams, optim
 from impala_jax.core.rollout import (
     EnvCarry,
     Episodes,
@@ -93,12 +93,36 @@ def acting_ring(params, lag: int, seeds: bool = False):
     return jax.jit(lambda p: jax.tree.map(lambda x: jnp.stack([x] * lag, axis=axis), p))(params)
 
 
-def sample_and_update_fn(rollout, step, rollouts: int, lag: int):
-    """The per-device ``(state, replay, carry, ring, env_steps) -> (state, replay, carry, ring,
-    metrics, episodes)``: ``rollouts`` rollouts with the acting params, then ``step``."""
+def acting_params(params, ring, lag: int, hparams):
+    """The params the envs act with: ``params`` at ``lag`` 0, else the ring's oldest (``lag``
+    updates before); a traced ``hparams["policy_lag"]`` = k in ``[0, lag]`` picks the params of
+    k updates before (rounded, clamped to the ring)."""
+    if "policy_lag" in hparams and hyperparams.policy_lag_problem(lag):
+        raise ValueError(f"hparams['policy_lag']: {hyperparams.policy_lag_problem(lag)}")
+    if not lag:
+        return params
+    if "policy_lag" not in hparams:
+        return jax.tree.map(lambda r: r[0], ring)
+    k = jnp.clip(jnp.round(hparams["policy_lag"]), 0, lag).astype(jnp.int32)
+    return jax.tree.map(
+        lambda r, p: jax.lax.dynamic_index_in_dim(
+            jnp.concatenate([r, p[None]]), lag - k, keepdims=False
+        ),
+        ring,
+        params,
+    )
 
-    def sample_and_update(state, replay, carry, ring, env_steps):
-        acting = state.params if not lag else jax.tree.map(lambda r: r[0], ring)
+
+def sample_and_update_fn(rollout, step, rollouts: int, lag: int):
+    """The per-device ``(state, replay, carry, ring, env_steps, hparams=None) -> (state, replay,
+    carry, ring, metrics, episodes)``: ``rollouts`` rollouts with the acting params, then
+    ``step``. ``hparams``: traced hyperparameters (core/hyperparams.py), ``policy_lag`` read
+    here, the rest by the learner step."""
+
+    def sample_and_update(state, replay, carry, ring, env_steps, hparams=None):
+        hparams = dict(hparams or {})
+        acting = acting_params(state.params, ring, lag, hparams)
+        hparams.pop("policy_lag", None)
 
         def one(carry, _):
             carry, traj, episodes = rollout(acting, carry)
@@ -108,7 +132,7 @@ def sample_and_update_fn(rollout, step, rollouts: int, lag: int):
         batch = jax.tree.map(_merge_rollouts, trajs)
         if lag:  # the params before this update join the ring; the oldest leave it
             ring = jax.tree.map(lambda r, p: jnp.concatenate([r[1:], p[None]]), ring, state.params)
-        state, replay, metrics = step(state, batch, replay, env_steps)
+        state, replay, metrics = step(state, batch, replay, env_steps, hparams)
         episodes = jax.tree.map(lambda x: x.reshape(-1, x.shape[-1]), episodes)
         return state, replay, carry, ring, metrics, episodes
 
@@ -265,16 +289,33 @@ class DeviceEngine:
         return Update(metrics, np.full(columns, lag, np.int32), self._trained_per_update)
 
     def train_function(self, num_updates: int):
-        """The whole run as one pure function, PureJaxRL's ``train(key)``: ``train(key) ->
-        (TrainCarry, metrics)``, ``num_updates`` of this engine's program in one ``lax.scan``,
-        from the learner state, replay slots, envs and ring that ``key`` gives. A user can
-        ``jax.jit`` it, ``jax.vmap`` it over keys and call it inside a program of their own.
+        """The whole run as one pure function, PureJaxRL's ``train(key)``: ``train(key,
+        hparams=None) -> (TrainCarry, metrics)``, ``num_updates`` of this engine's program in
+        one ``lax.scan``, from the learner state, replay slots, envs and ring that ``key``
+        gives. A user can ``jax.jit`` it, ``jax.vmap`` it over keys and hyperparameters and
+        call it inside a program of their own.
 
         ``key = jax.random.key(seed)`` starts where a run with that seed starts (the learner's
         key from ``run_keys``, the envs' from ``initial_envs``), so the updates are the ones
-        ``train()`` makes. ``metrics``: each learner metric per update (``[num_updates]``), with
-        ``episode_return_sum`` and ``num_episodes`` over the episodes that ended in it, and
-        ``num_env_steps_sampled_lifetime`` after it."""
+        ``train()`` makes. ``hparams``: traced values of core/hyperparams.py's names, read in
+        place of the config's. ``metrics``: each learner metric per update
+        (``[num_updates]``), with ``episode_return_sum`` and ``num_episodes`` over the episodes
+        that ended in it, and ``num_env_steps_sampled_lifetime`` after it."""
+        init, updates = self.pure_functions()
+        per_update = self.env_steps_per_update
+
+        def train(key, hparams=None):
+            final, metrics = updates(init(key), 0, num_updates, hparams)
+            metrics["num_env_steps_sampled_lifetime"] = per_update * jnp.arange(1, num_updates + 1)
+            return final, metrics
+
+        return train
+
+    def pure_functions(self):
+        """``(init, updates)``, the pieces of ``train_function``: ``init(key) -> TrainCarry``
+        starts a run from its key; ``updates(carry, first, n, hparams) -> (TrainCarry,
+        metrics)`` makes updates ``first .. first + n - 1`` of it (``first`` and ``n``
+        static), one ``lax.scan`` over the mesh."""
         if self._grouped:
             raise ValueError("train_function is one run's; a group has a member axis of its own.")
         learner, lag = self.learner, self.lag
@@ -284,18 +325,12 @@ class DeviceEngine:
             self.rollouts_per_update,
             lag,
         )
-        per_update = self.env_steps_per_update
-        counters = [optim.env_steps_operand((i + 1) * per_update) for i in range(num_updates)]
-        counters = jnp.asarray(np.stack(counters))
         example = self._example_batch() if learner.step_spec.replay_columns else None
         env, num_envs = self._env, self.num_envs
 
-        def run(state, replay, carry, ring, counters):  # on each device
+        def run(state, replay, carry, ring, counters, hparams):  # on each device
             def one(c, env_steps):
-                state, replay, carry, ring = c
-                state, replay, carry, ring, metrics, eps = step(
-                    state, replay, carry, ring, env_steps
-                )
+                state, replay, carry, ring, metrics, eps = step(*c, env_steps, hparams)
                 ended = jnp.sum(eps.ended)
                 returns = jnp.sum(jnp.where(eps.ended, eps.episode_return, 0.0))
                 metrics = dict(
@@ -310,26 +345,32 @@ class DeviceEngine:
         replay_spec = parallel.LEADING if example is not None else ()
         ring_spec = parallel.REPLICATED if lag else ()
         carry_specs = (parallel.REPLICATED, replay_spec, parallel.LEADING, ring_spec)
+        replicated = parallel.REPLICATED
         program = jax.shard_map(
             run,
             mesh=learner.mesh,
-            in_specs=(*carry_specs, parallel.REPLICATED),
-            out_specs=(carry_specs, parallel.REPLICATED),
+            in_specs=(*carry_specs, replicated, replicated),
+            out_specs=(carry_specs, replicated),
             check_vma=False,  # as device_program: the env's own step runs inside
         )
 
-        def train(key):
+        def init(key):
             learner_key, _ = jax.random.split(key)  # run_keys
             state, replay_key = learner.init_state(learner_key)
             carry = reset_envs(env, jax.random.fold_in(key, 0), num_envs)  # initial_envs
             replay = () if example is None else learner.replay_slots_of(replay_key, example)
             ring = () if not lag else jax.tree.map(lambda x: jnp.stack([x] * lag), state.params)
-            final, metrics = program(state, replay, carry, ring, counters)
-            lifetime = per_update * jnp.arange(1, num_updates + 1)
-            metrics["num_env_steps_sampled_lifetime"] = lifetime
+            return TrainCarry(state, replay, carry, ring)
+
+        per_update = self.env_steps_per_update
+
+        def updates(carry, first: int, n: int, hparams=None):
+            done = (first + 1 + np.arange(n)) * per_update
+            counters = jnp.asarray(np.stack([optim.env_steps_operand(int(t)) for t in done]))
+            final, metrics = program(*carry, counters, dict(hparams or {}))
             return TrainCarry(*final), metrics
 
-        return train
+        return init, updates
 
     def _example_batch(self):
         """A host batch like the learner's, for the replay slots' shapes."""
