@@ -129,7 +129,7 @@ CONFIG_CASES = [
         ValueError,
         ["learner_queue_size"],
     ),
-    ("vtrace_off", lambda: cfg(vtrace=False).validate(), ValueError, ["vtrace"]),
+    ("vtrace_not_bool", lambda: cfg(vtrace="off").validate(), ValueError, ["vtrace"]),
     (
         "schedule_not_from_zero",
         lambda: cfg(lr=[[100, 1e-3], [200, 1e-4]]).validate(),

@@ -27,7 +27,7 @@ INVALID = [
     ("training", {"grad_clip": -40.0}, "grad_clip", "-40.0"),
     ("training", {"vtrace_clip_rho_threshold": 0.0}, "vtrace_clip_rho_threshold", "0.0"),
     ("training", {"vtrace_clip_pg_rho_threshold": -1.0}, "vtrace_clip_pg_rho_threshold", "-1.0"),
-    ("training", {"vtrace": False}, "vtrace", "False"),
+    ("training", {"vtrace": "off"}, "vtrace", "'off'"),
     ("training", {"num_epochs": 0}, "num_epochs", "0"),
     ("training", {"train_batch_size_per_learner": 0}, "train_batch_size_per_learner", "0"),
     (

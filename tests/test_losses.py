@@ -330,3 +330,40 @@ def test_loss_clips_rewards():
     unclipped, _, _ = loss_and_grads(batch)
     np.testing.assert_allclose(clipped, signed, rtol=1e-6)
     assert not np.isclose(clipped, unclipped)
+
+
+def test_vtrace_false_weighs_every_row_as_on_policy():
+    # The IMPALA paper's "no-correction" baseline: the targets of an off-policy batch are those
+    # V-trace computes with rho = c = 1 (here a plain n-step return loop checks it), while the
+    # rho metrics report the true weights.
+    batch = make_batch(1)
+    loss, metrics, _ = loss_and_grads(batch, vtrace=False)
+    off_metrics = loss_and_grads(batch)[1]
+    mask = np.asarray(batch["mask"])
+    v, r, d = np.asarray(batch["values"]), np.asarray(batch["r_t"]), np.asarray(batch["discount_t"])
+    vs = np.zeros((T, B))
+    acc = np.zeros(B)  # vs_t - V(x_t), backwards: delta_t + gamma_t * acc_{t+1}
+    for t in reversed(range(T)):
+        delta = mask[t] * (r[t] + d[t] * v[t + 1] - v[t])
+        acc = delta + d[t] * mask[t] * acc
+        vs[t] = v[t] + acc
+    vs_tp1 = np.concatenate([vs[1:], v[-1:]])
+    adv = r + d * vs_tp1 - v[:-1]
+    dist = Categorical(N)
+    log_pi = np.asarray(dist.log_prob(batch["logits_t"], batch["action"]))
+    n = mask.sum()
+    np.testing.assert_allclose(metrics["pi_loss"], -np.sum(mask * log_pi * adv) / n, rtol=1e-5)
+    vf_loss = 0.5 * np.sum(mask * (vs - v[:-1]) ** 2) / n
+    np.testing.assert_allclose(metrics["vf_loss"], vf_loss, rtol=1e-5)
+    assert metrics["mean_rho"] == off_metrics["mean_rho"] and metrics["mean_rho"] != 1.0
+    assert not np.isclose(loss, off_metrics["total_loss"])
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_a_traced_vtrace_flag_is_the_static_one(flag):
+    batch = make_batch(2)
+    static = loss_and_grads(batch, vtrace=flag)
+    traced = jax.jit(lambda f: loss_and_grads(batch, vtrace=f))(jnp.float32(flag))
+    np.testing.assert_allclose(traced[0], static[0], rtol=1e-6)
+    for x, y in zip(jax.tree.leaves(traced[2]), jax.tree.leaves(static[2]), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)

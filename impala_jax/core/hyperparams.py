@@ -27,6 +27,7 @@ LOSS = (
     "entropy_coeff",
     "vtrace_clip_rho_threshold",
     "vtrace_clip_pg_rho_threshold",
+    "vtrace",  # 1.0: V-trace, 0.0: no correction (core/losses.py)
 )
 # Read by the optimizer (core/optim.py); decay, epsilon and momentum are RMSProp's.
 OPTIMIZER = ("lr", "lr_vf", "grad_clip", "decay", "epsilon", "momentum")

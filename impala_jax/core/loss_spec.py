@@ -78,6 +78,9 @@ class LossSpec:
     # the sum's gradient is N = valid rows times the mean's, which is what the paper's RMSProp
     # constants (epsilon, grad_clip) were set for. See docs/config.md, "Loss reduction".
     loss_reduction: str = "mean"
+    # True: V-trace. False: no off-policy correction, every importance weight taken as 1 (the
+    # IMPALA paper's "no-correction" baseline); RLlib's validate() rejects False.
+    vtrace: bool = True
 
     def loss_keywords(self, **values: Any) -> dict[str, Any]:
         """``impala_loss``'s keywords: every field but `LEARNER_FIELDS`, ``values`` winning

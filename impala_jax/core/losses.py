@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from impala_jax.core.distributions import Distribution
 from impala_jax.core.loss_spec import LossSpec
-from impala_jax.core.vtrace import vtrace
+from impala_jax.core.vtrace import vtrace as vtrace_targets
 
 __all__ = ["LossSpec", "clip_reward", "impala_loss"]
 
@@ -56,6 +56,7 @@ def impala_loss(
     vtrace_clip_pg_rho_threshold: float | None = 1.0,
     lambda_: chex.Numeric = 1.0,
     clip_rewards: bool | float | None = None,
+    vtrace: chex.Numeric = True,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """IMPALA's actor-critic loss with V-trace targets (arXiv:1802.01561, section 4.2).
 
@@ -84,6 +85,11 @@ def impala_loss(
         ``clip_rho_threshold`` and ``clip_pg_rho_threshold``.
       lambda_: as in ``vtrace.vtrace``.
       clip_rewards: as in ``clip_reward``.
+      vtrace: True: the targets weigh each row by its importance weight (V-trace). False: no
+        off-policy correction, every weight taken as 1 (the IMPALA paper's "no-correction"
+        baseline, sec. 5.2.1: the targets of an on-policy actor-critic with n-step returns,
+        whatever policy acted). May be traced (1.0 / 0.0: a member of a policy-lag study).
+        The rho metrics report the true weights either way.
 
     Returns:
       ``(total_loss, metrics)``; metrics are scalar arrays, fetched when the caller decides.
@@ -108,12 +114,16 @@ def impala_loss(
     rho_tm1 = jnp.where(valid, jnp.exp(jnp.where(valid, log_rho, 0.0)), 0.0) * mask
 
     v_tm1 = values[:-1]
-    targets = vtrace(
+    if vtrace is True:
+        weights = rho_tm1
+    else:  # False, or traced: 1 on every valid row where off
+        weights = jnp.where(jnp.asarray(vtrace, bool), rho_tm1, mask)
+    targets = vtrace_targets(
         v_tm1=jax.lax.stop_gradient(v_tm1),
         v_t=jax.lax.stop_gradient(values[1:]),
         r_t=r_t,
         discount_t=discount_t,
-        rho_tm1=rho_tm1,
+        rho_tm1=weights,
         lambda_=lambda_,
         clip_rho_threshold=vtrace_clip_rho_threshold,
         clip_pg_rho_threshold=vtrace_clip_pg_rho_threshold,

@@ -187,7 +187,12 @@ class _Validator:
 
     def _training(self) -> None:
         c, cfg = self, self.c
-        c.check("vtrace", lambda v: v is True, "True: impala_jax always uses V-trace")
+        c.check(
+            "vtrace",
+            lambda v: isinstance(v, bool),
+            "True (V-trace) or False (no off-policy correction: every importance weight "
+            "taken as 1, the IMPALA paper's baseline)",
+        )
         for k in LOSS_COEFFICIENTS:  # as declared; a schedule one is checked by _schedule below
             if not k.schedule:
                 c.check(k.name, lambda v, k=k: is_real(v) and k.contains(v), f"a number {k.rule}")

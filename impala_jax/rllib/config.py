@@ -110,7 +110,7 @@ class IMPALAConfig(RLlibBuilders):
         # The loss's coefficients (gamma, vf_loss_coeff, entropy_coeff, ...): core/loss_spec.py
         for coefficient in LOSS_COEFFICIENTS:
             setattr(self, coefficient.name, coefficient.default)
-        self.vtrace = True  # must stay True: IMPALA here always uses V-trace
+        self.vtrace = True  # False: no off-policy correction (core/losses.py); RLlib rejects it
         self.num_gpu_loader_threads = 8  # host threads stacking fragments and copying to devices
         self.num_multi_gpu_tower_stacks = 1  # device-resident prefetch slots for train batches
         self.minibatch_buffer_size = 1  # train batches kept for reuse when num_epochs > 1
