@@ -302,20 +302,21 @@ class DeviceEngine:
         (``[num_updates]``), with ``episode_return_sum`` and ``num_episodes`` over the episodes
         that ended in it, and ``num_env_steps_sampled_lifetime`` after it."""
         init, updates = self.pure_functions()
-        per_update = self.env_steps_per_update
+        counters = jnp.asarray(self.counters(0, num_updates))
+        lifetime = self.env_steps_per_update * jnp.arange(1, num_updates + 1)
 
         def train(key, hparams=None):
-            final, metrics = updates(init(key), 0, num_updates, hparams)
-            metrics["num_env_steps_sampled_lifetime"] = per_update * jnp.arange(1, num_updates + 1)
+            final, metrics = updates(init(key), counters, hparams)
+            metrics["num_env_steps_sampled_lifetime"] = lifetime
             return final, metrics
 
         return train
 
     def pure_functions(self):
         """``(init, updates)``, the pieces of ``train_function``: ``init(key) -> TrainCarry``
-        starts a run from its key; ``updates(carry, first, n, hparams) -> (TrainCarry,
-        metrics)`` makes updates ``first .. first + n - 1`` of it (``first`` and ``n``
-        static), one ``lax.scan`` over the mesh."""
+        starts a run from its key; ``updates(carry, counters, hparams) -> (TrainCarry,
+        metrics)`` makes one update per row of ``counters`` (``counters(first, n)``: the
+        env-step counter after each), one ``lax.scan`` over the mesh."""
         if self._grouped:
             raise ValueError("train_function is one run's; a group has a member axis of its own.")
         learner, lag = self.learner, self.lag
@@ -362,15 +363,17 @@ class DeviceEngine:
             ring = () if not lag else jax.tree.map(lambda x: jnp.stack([x] * lag), state.params)
             return TrainCarry(state, replay, carry, ring)
 
-        per_update = self.env_steps_per_update
-
-        def updates(carry, first: int, n: int, hparams=None):
-            done = (first + 1 + np.arange(n)) * per_update
-            counters = jnp.asarray(np.stack([optim.env_steps_operand(int(t)) for t in done]))
+        def updates(carry, counters, hparams=None):
             final, metrics = program(*carry, counters, dict(hparams or {}))
             return TrainCarry(*final), metrics
 
         return init, updates
+
+    def counters(self, first: int, n: int) -> np.ndarray:
+        """float32 ``[n, 2]``: the env-step counter (``optim.env_steps_operand``) after each of
+        updates ``first .. first + n - 1``, what ``pure_functions``' ``updates`` takes."""
+        done = (first + 1 + np.arange(n)) * self.env_steps_per_update
+        return np.stack([optim.env_steps_operand(int(t)) for t in done])
 
     def _example_batch(self):
         """A host batch like the learner's, for the replay slots' shapes."""

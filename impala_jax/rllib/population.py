@@ -1,0 +1,297 @@
+"""``Population``: many runs of one on-device config, trained side by side in one program,
+optionally with population-based training (PBT) inside it.
+
+    pbt = PopulationBasedTraining(
+        perturbation_interval=250_000,  # env steps per member
+        hyperparam_mutations={"lr": tune.loguniform(1e-4, 1e-2), "entropy_coeff": [0.003, 0.01]},
+    )
+    population = Population(config, num_members=8, scheduler=pbt)
+    results = population.train()  # one perturbation interval: a result per member
+
+``config`` is an ``IMPALAConfig`` with an env written in JAX. Its hyperparameters that
+core/hyperparams.py can trace (lr, entropy_coeff, gamma, ...) may hold Tune search spaces
+(``tune.loguniform``, ``tune.choice``, ``tune.grid_search``, ...): each member starts from its
+own draw (a grid: member i takes value ``i % len(grid)``). Without ``scheduler`` nothing is
+exploited: a random or grid search in one program, where member i makes exactly the updates of
+``config`` with its values and ``debugging(seed=seed + i)`` run alone. With a
+``PopulationBasedTraining`` (rllib/pbt_spec.py: Ray Tune's names and meaning, or Tune's own
+scheduler object), every ``perturbation_interval`` env steps the bottom ``quantile_fraction``
+of the members, ranked by the mean return of the episodes that ended in the interval, copy a
+top member's params, optimizer state and hyperparameters, then perturb or resample them
+(runtime/ondevice/population.py says what is copied and what is not).
+
+Each ``train()`` is one call of one compiled program (one interval of every member);
+``lineage`` lists every copy (who copied whom, when, with which hyperparameters before and
+after). ``save(path)``/``restore(path)`` keep the whole population without pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from impala_jax.core import hyperparams as traceable
+from impala_jax.core import pbt
+from impala_jax.rllib.pbt_spec import PopulationBasedTraining, as_domain, from_tune
+from impala_jax.rllib.values import is_search_space
+from impala_jax.runtime.envs.env_registry import is_jax_env
+from impala_jax.runtime.ondevice import population as program
+
+
+def _attribute(name: str) -> str:
+    """The config attribute of a traceable hyperparameter."""
+    return "_lr_vf" if name == "lr_vf" else name
+
+
+def _is_search_space(value: Any) -> bool:
+    """A Tune search space (rllib/values.py's rule) or a core.pbt.Domain."""
+    return isinstance(value, pbt.Domain) or is_search_space(value)
+
+
+class Population:
+    """``num_members`` runs of ``config`` side by side; see the module docstring."""
+
+    def __init__(self, config, num_members: int, scheduler=None):
+        if not isinstance(num_members, int) or num_members < 1:
+            raise ValueError(f"Population(num_members={num_members!r}): expected an int >= 1.")
+        if not is_jax_env(config.env, config.env_config):
+            raise ValueError(
+                f"Population: environment(env={config.env!r}) steps on the host; a population "
+                "in one program needs an env written in JAX ('gymnax:<id>' or a gymnax "
+                "Environment). Sweep host envs with Ray Tune (rllib/ray_tune.py)."
+            )
+        if scheduler is not None and not isinstance(scheduler, PopulationBasedTraining):
+            scheduler = from_tune(scheduler)
+        self.scheduler, self.num_members = scheduler, num_members
+        base = config.seed if config.seed is not None else 0
+        self.seeds = [base + i for i in range(num_members)]
+        spaces = {
+            name: getattr(config, _attribute(name))
+            for name in traceable.TRACEABLE
+            if _is_search_space(getattr(config, _attribute(name), None))
+        }
+        mutations = dict(scheduler.hyperparam_mutations) if scheduler else {}
+        for name in mutations:
+            if name not in traceable.TRACEABLE:
+                raise ValueError(
+                    f"PopulationBasedTraining(hyperparam_mutations={{{name!r}: ...}}): {name!r} "
+                    f"is not a hyperparameter the program traces; those are "
+                    f"{', '.join(traceable.TRACEABLE)}."
+                )
+        self.names = sorted(set(spaces) | set(mutations))
+        for name in self.names:
+            value = getattr(config, _attribute(name))
+            if isinstance(value, list | tuple) and name not in spaces:
+                raise ValueError(
+                    f"Population: {name}={value!r} is a schedule; a population traces one "
+                    f"number per member: set training({name}=<number or search space>)."
+                )
+        initial = self._initial_values(config, spaces)
+        built = config.copy(copy_frozen=False)
+        for name in self.names:  # member 0's values: the program reads every member's traced
+            setattr(built, _attribute(name), float(initial[name][0]))
+        self.config = built
+        algo = built.build()
+        try:
+            engine = algo.engine
+            init, updates = engine.pure_functions()
+        finally:
+            algo.stop()
+        self.env_steps_per_update = engine.env_steps_per_update
+        self._counters = engine.counters
+        self._init, self._updates = init, updates
+        self.plan = self._plan(scheduler, mutations)
+        interval = program.interval_function(updates, self.plan)
+        self._interval = jax.jit(interval, donate_argnums=(0,))
+        self._base_seed = base
+        self._initial = {k: jnp.asarray(v, jnp.float32) for k, v in initial.items()}
+        keys, self._hparams, self._key = self.initial_inputs()  # the key: exploit/explore's
+        self._carry = jax.jit(jax.vmap(init))(keys)
+        self._score = jnp.full(num_members, jnp.nan, jnp.float32)
+        self.iteration = 0
+        self.lineage: list[dict] = []
+
+    def _initial_values(self, config, spaces: dict) -> dict[str, np.ndarray]:
+        """Each traced hyperparameter's value per member: a draw from its search space, a
+        grid's ``i % len``-th value, or the config's number for every member."""
+        key = jax.random.key(0 if config.seed is None else config.seed)
+        values = {}
+        for i, name in enumerate(self.names):
+            space = spaces.get(name)
+            if space is None:
+                values[name] = np.full(self.num_members, float(getattr(config, _attribute(name))))
+            elif isinstance(space, dict):
+                grid = [float(v) for v in space["grid_search"]]
+                values[name] = np.array([grid[m % len(grid)] for m in range(self.num_members)])
+            else:
+                domain = as_domain(space, name)
+                if isinstance(domain, tuple):  # a list is a choice among its values
+                    domain = pbt.Domain(kind="choice", categories=domain)
+                draw = pbt.sample(jax.random.fold_in(key, i), domain, (self.num_members,))
+                values[name] = np.asarray(draw, np.float64)
+        return {k: v.astype(np.float32) for k, v in values.items()}
+
+    def _plan(self, scheduler, mutations: dict) -> program.PopulationPlan:
+        per_update = self.env_steps_per_update
+        if scheduler is None:
+            return program.PopulationPlan(updates_per_interval=1, mutations=(), exploit=False)
+        updates = max(1, math.ceil(scheduler.perturbation_interval / per_update))
+        burn_in = math.ceil(scheduler.burn_in_period / (updates * per_update))
+        return program.PopulationPlan(
+            updates_per_interval=updates,
+            mutations=tuple((k, as_domain(v, k)) for k, v in sorted(mutations.items())),
+            quantile_fraction=scheduler.quantile_fraction,
+            resample_probability=scheduler.resample_probability,
+            perturbation_factors=tuple(scheduler.perturbation_factors),
+            burn_in_intervals=burn_in,
+            sign=1.0 if scheduler.mode == "max" else -1.0,
+        )
+
+    @property
+    def env_steps_per_iteration(self) -> int:
+        """Env steps each member samples in one ``train()``."""
+        return self.plan.updates_per_interval * self.env_steps_per_update
+
+    def train(self) -> list[dict]:
+        """One interval of every member (then exploit/explore): a result per member."""
+        U = self.plan.updates_per_interval
+        counters = jnp.asarray(self._counters(self.iteration * U, U))
+        before = jax.device_get(self._hparams)
+        exploit_now = jnp.asarray(self.iteration >= self.plan.burn_in_intervals)
+        out = self._interval(
+            self._carry, self._hparams, self._score, self._key, counters, exploit_now
+        )
+        self._carry, self._hparams, self._score, self._key, metrics, lineage = out
+        self.iteration += 1
+        metrics, lineage = jax.device_get((metrics, lineage))
+        return [self._result(i, metrics, lineage, before) for i in range(self.num_members)]
+
+    def _result(self, i: int, metrics: dict, lineage, before: dict) -> dict:
+        steps = self.iteration * self.env_steps_per_iteration
+        ended = int(metrics["num_episodes"][i].sum())
+        mean = float(metrics["episode_return_sum"][i].sum()) / ended if ended else math.nan
+        learner = {
+            k: float(np.mean(v[i]))
+            for k, v in metrics.items()
+            if k not in ("num_episodes", "episode_return_sum")
+        }
+        config = {k: float(v[i]) for k, v in before.items()}
+        result = {
+            "member": i,
+            "seed": self.seeds[i],
+            "training_iteration": self.iteration,
+            "num_env_steps_sampled_lifetime": steps,
+            "env_runners": {"episode_return_mean": mean, "num_episodes": ended},
+            "learners": {"default_policy": learner},
+            "config": config,
+        }
+        if bool(lineage.copied[i]):
+            event = {
+                "training_iteration": self.iteration,
+                "num_env_steps_sampled_lifetime": steps,
+                "member": i,
+                "copied_from": int(lineage.source[i]),
+                "score": float(lineage.score[i]),
+                "hparams_before": {k: float(v[int(lineage.source[i])]) for k, v in before.items()},
+                "hparams_after": {k: float(v[i]) for k, v in lineage.hparams.items()},
+                "operations": {
+                    k: pbt.operation_name(int(v[i]), self.plan.perturbation_factors)
+                    for k, v in lineage.operations.items()
+                },
+            }
+            self.lineage.append(event)
+            result["pbt"] = event
+        return result
+
+    def train_function(self, num_iterations: int):
+        """The population's first ``num_iterations`` intervals as one pure function of nothing
+        but its inputs, ``train(keys, hparams, key) -> (carry, hparams, metrics, lineage)``
+        (runtime/ondevice/population.py), and those inputs for this population: ``train(
+        *population.initial_inputs())`` makes the updates ``num_iterations`` calls of
+        ``train()`` make from the start."""
+        U = self.plan.updates_per_interval
+        counters = self._counters(0, num_iterations * U).reshape(num_iterations, U, 2)
+        return program.train_function(self._init, self._updates, jnp.asarray(counters), self.plan)
+
+    def initial_inputs(self) -> tuple:
+        """``(member keys, initial hyperparameters, exploit/explore key)`` of this population."""
+        keys = jnp.stack([jax.random.key(s) for s in self.seeds])
+        return keys, dict(self._initial), jax.random.key(self._base_seed + 7919)
+
+    def hparams(self) -> list[dict[str, float]]:
+        """Each member's hyperparameters for its next interval."""
+        values = jax.device_get(self._hparams)
+        return [{k: float(v[i]) for k, v in values.items()} for i in range(self.num_members)]
+
+    def get_weights(self, member: int) -> dict:
+        """``{"default_policy": params}`` of one member, as host arrays."""
+        params = jax.device_get(self._carry.state.params)
+        return {"default_policy": jax.tree.map(lambda x: x[member], params)}
+
+    def save(self, path: str | Path) -> Path:
+        """The whole population (every member's state, replay, envs and ring, their
+        hyperparameters and scores, the lineage) as ``population.npz`` (no pickle) and
+        ``population.json``; ``restore`` reads it into a population of the same config."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        arrays = _key_data((self._carry, self._hparams, self._score, self._key))
+        leaves = jax.device_get(jax.tree.leaves(arrays))
+        np.savez(path / "population.npz", *[np.asarray(x) for x in leaves])
+        meta = {"iteration": self.iteration, "seeds": self.seeds, "names": self.names}
+        meta["lineage"] = self.lineage
+        (path / "population.json").write_text(json.dumps(meta, indent=1))
+        return path
+
+    def restore(self, path: str | Path) -> None:
+        path = Path(path)
+        meta = json.loads((path / "population.json").read_text())
+        if meta["seeds"] != self.seeds or meta["names"] != self.names:
+            raise ValueError(
+                f"Population.restore({str(path)!r}): saved for seeds {meta['seeds']} and "
+                f"hyperparameters {meta['names']}, not {self.seeds} and {self.names}; restore "
+                "it into a Population made from the same config and num_members."
+            )
+        template = _key_data((self._carry, self._hparams, self._score, self._key))
+        with np.load(path / "population.npz", allow_pickle=False) as saved:
+            leaves = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        shapes = [np.shape(x) for x in jax.tree.leaves(template)]
+        if shapes != [x.shape for x in leaves]:
+            raise ValueError(
+                f"Population.restore({str(path)!r}): the saved arrays do not match this "
+                "population's network, batch or envs; restore it with the config it was saved "
+                "with."
+            )
+        restored = jax.tree.unflatten(jax.tree.structure(template), leaves)
+        carry, hparams, score, key = _wrap_keys(restored, self._carry, self._key)
+        self._carry, self._hparams = carry, {k: jnp.asarray(v) for k, v in hparams.items()}
+        self._score, self._key = jnp.asarray(score), key
+        self.iteration, self.lineage = meta["iteration"], meta["lineage"]
+
+    def stop(self) -> None:
+        """Releases the population's device arrays; idempotent."""
+        self._carry = None
+
+
+def _key_data(tree):
+    """``tree`` with every PRNG key as its raw key data (what a file can hold)."""
+    is_key = lambda x: isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)  # noqa: E731
+    return jax.tree.map(lambda x: jax.random.key_data(x) if is_key(x) else x, tree)
+
+
+def _wrap_keys(restored, carry_like, key_like):
+    """The inverse of ``_key_data`` for ``(carry, hparams, score, key)``."""
+    carry, hparams, score, key = restored
+
+    def wrap(x, like):
+        if isinstance(like, jax.Array) and jnp.issubdtype(like.dtype, jax.dtypes.prng_key):
+            return jax.random.wrap_key_data(jnp.asarray(x))
+        return jnp.asarray(x)
+
+    carry = jax.tree.map(wrap, carry, carry_like)
+    return carry, hparams, score, wrap(key, key_like)

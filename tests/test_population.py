@@ -1,0 +1,133 @@
+"""``Population``: members side by side in one program; a search without exploit is each member
+alone; PBT's exploit copies params, optimizer state and hyperparameters together."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from ray import tune
+
+from impala_jax import IMPALAConfig, make_train
+from impala_jax.core import pbt
+from impala_jax.rllib.pbt_spec import PopulationBasedTraining
+from impala_jax.rllib.population import Population
+
+UPDATE = 640  # env steps per update of _small()
+
+
+def _small(seed=3) -> IMPALAConfig:
+    return (
+        IMPALAConfig()
+        .environment("gymnax:CartPole-v1")
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=16, rollout_fragment_length=20)
+        .training(train_batch_size_per_learner=640, minibatch_size=320, lr=0.01)
+        .learners(num_learners=0)
+        .rl_module(model_config={"fcnet_hiddens": [16]})
+        .debugging(seed=seed)
+    )
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def test_without_exploit_member_i_is_its_config_run_alone():
+    config = _small().training(lr=tune.grid_search([0.003, 0.03]), entropy_coeff=0.02)
+    population = Population(config, num_members=2)
+    for _ in range(3):
+        results = population.train()
+    assert [r["config"]["lr"] for r in results] == pytest.approx([0.003, 0.03])
+    assert results[0]["num_env_steps_sampled_lifetime"] == 3 * UPDATE
+    for i, lr in enumerate([0.003, 0.03]):
+        alone = _small(seed=3 + i).training(lr=lr, entropy_coeff=0.02)
+        final, _ = jax.jit(make_train(alone, 3 * UPDATE))(jax.random.key(3 + i))
+        got = population.get_weights(i)["default_policy"]
+        for x, y in zip(_leaves(got), _leaves(final.state.params), strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+def test_members_start_from_draws_of_their_search_spaces():
+    config = _small().training(lr=tune.loguniform(1e-4, 1e-2), gamma=tune.choice([0.9, 0.99]))
+    population = Population(config, num_members=6)
+    values = population.hparams()
+    lrs = [v["lr"] for v in values]
+    assert all(1e-4 <= lr <= 1e-2 for lr in lrs) and len(set(lrs)) == 6
+    assert all(v["gamma"] in (pytest.approx(0.9), pytest.approx(0.99)) for v in values)
+
+
+def _pbt_population():
+    config = _small().training(lr=tune.grid_search([1e-4, 3e-3, 1e-2, 3e-2]))
+    scheduler = PopulationBasedTraining(
+        perturbation_interval=2 * UPDATE,
+        hyperparam_mutations={"lr": tune.loguniform(1e-4, 1e-1), "entropy_coeff": [0.0, 0.01]},
+        quantile_fraction=0.25,
+        resample_probability=0.0,
+    )
+    return Population(config, num_members=4, scheduler=scheduler)
+
+
+def test_exploit_copies_params_optimizer_state_and_hyperparameters_together():
+    population = _pbt_population()
+    before = population.hparams()
+    results = population.train()
+    assert population.env_steps_per_iteration == 2 * UPDATE
+    copies = [r["pbt"] for r in results if "pbt" in r]
+    assert len(copies) == 1  # ceil(4 * 0.25) = 1 bottom member
+    event = copies[0]
+    i, j = event["member"], event["copied_from"]
+    scores = [r["env_runners"]["episode_return_mean"] for r in results]
+    assert scores[i] == min(scores) and scores[j] == max(scores)
+    state = population._carry.state
+    for tree in (state.params, state.opt_state):
+        for x in _leaves(tree):
+            np.testing.assert_array_equal(x[i], x[j])
+    after = population.hparams()
+    ops = event["operations"]
+    factor = {"* 1.2": 1.2, "* 0.8": 0.8}[ops["lr"]]
+    assert after[i]["lr"] == pytest.approx(before[j]["lr"] * factor, rel=1e-6)
+    assert ops["entropy_coeff"] in ("shift left", "shift right")
+    assert after[i]["entropy_coeff"] in (0.0, pytest.approx(0.01))
+    for k in set(range(4)) - {i}:
+        assert after[k] == before[k]
+    assert population.lineage == [event]
+
+
+def test_the_whole_run_as_one_function_makes_the_iterations_updates():
+    population = _pbt_population()
+    train = population.train_function(2)
+    carry, hparams, metrics, lineage = jax.jit(train)(*population.initial_inputs())
+    for _ in range(2):
+        population.train()
+    for x, y in zip(
+        _leaves(carry.state.params), _leaves(population._carry.state.params), strict=True
+    ):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+    expected = population.hparams()
+    for name, values in jax.device_get(hparams).items():
+        np.testing.assert_allclose(values, [e[name] for e in expected], rtol=1e-6)
+    assert np.asarray(lineage.copied).shape == (2, 4)
+
+
+def test_save_and_restore_the_whole_population(tmp_path):
+    population = _pbt_population()
+    population.train()
+    population.save(tmp_path / "pop")
+    expected = population.train()
+    restored = _pbt_population()
+    restored.restore(tmp_path / "pop")
+    assert restored.iteration == 1 and restored.lineage == population.lineage[:1]
+    got = restored.train()
+    for a, b in zip(got, expected, strict=True):
+        assert a["env_runners"] == b["env_runners"] and a["config"] == b["config"]
+
+
+def test_what_a_population_cannot_trace_is_named():
+    scheduler = PopulationBasedTraining(
+        perturbation_interval=UPDATE, hyperparam_mutations={"train_batch_size_per_learner": [1]}
+    )
+    with pytest.raises(ValueError, match="train_batch_size_per_learner.*not a hyperparameter"):
+        Population(_small(), 2, scheduler)
+    with pytest.raises(ValueError, match="steps on the host"):
+        Population(_small().environment("CartPole-v1"), 2)
+    assert pbt.operation_name(pbt.RESAMPLE, (1.2, 0.8)) == "resample"
