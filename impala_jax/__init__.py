@@ -8,6 +8,8 @@ __all__ = [
     "IMPALA",
     "IMPALAConfig",
     "NotProvided",
+    "Population",
+    "PopulationBasedTraining",
     "RLModuleSpec",
     "RLlibCallback",
     "SeedGroup",
@@ -31,6 +33,14 @@ def __getattr__(name: str):
         from impala_jax.rllib.seed_group import SeedGroup
 
         return SeedGroup
+    if name == "Population":  # members of an on-device run in one program, PBT inside
+        from impala_jax.rllib.population import Population
+
+        return Population
+    if name == "PopulationBasedTraining":  # Ray Tune's scheduler's fields, without ray
+        from impala_jax.rllib.pbt_spec import PopulationBasedTraining
+
+        return PopulationBasedTraining
     if name == "register_env":  # RLlib's ray.tune.register_env, without ray
         from impala_jax.rllib.registry import register_env
 
@@ -48,5 +58,7 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(
-        set(globals()) | {"IMPALA", "RLlibCallback", "SeedGroup", "make_train", "register_env"}
+        set(globals())
+        | {"IMPALA", "Population", "PopulationBasedTraining", "RLlibCallback", "SeedGroup"}
+        | {"make_train", "register_env"}
     )

@@ -29,6 +29,7 @@ try:
     from impala_jax.cli.errors import RunError, one_line
     from impala_jax.cli.experiment import load_experiment
     from impala_jax.cli.overrides import apply_overrides
+    from impala_jax.cli.population import population_settings, run_population
     from impala_jax.cli.run_dir import (
         CheckpointFailed,
         checkpoint_config,
@@ -129,6 +130,13 @@ def main(argv: list[str] | None = None) -> int:
 
             raise resume_error(args.resume)
         config, stop, run_dir, name, record, resume_from, notes = prepare(args)
+    except RunError as err:
+        print(f"impala_jax.run: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        settings = population_settings(args.experiment)
+        if settings is not None:  # num_members: the members in one program, not a sweep
+            return run_population(args, config, stop, name, record, settings)
     except RunError as err:
         print(f"impala_jax.run: error: {err}", file=sys.stderr)
         return EXIT_USAGE

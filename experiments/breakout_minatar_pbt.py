@@ -1,0 +1,38 @@
+"""Breakout-MinAtar, a population of 8 trained with population-based training in one program.
+
+    .venv/bin/python -m impala_jax.run experiments/breakout_minatar_pbt.py
+
+breakout_minatar.py's config (loaded from it), with each member's lr drawn log-uniformly in
+[1e-4, 1e-2] and its entropy_coeff in [1e-3, 3e-2]. Every 250 K env steps per member the
+bottom quarter of the members (2 of 8), ranked by the mean return of the episodes that ended in
+the interval, copy the params, optimizer state and hyperparameters of one of the top 2, then
+multiply each hyperparameter by 1.2 or 0.8, or (with probability 0.25) draw it anew: Ray Tune's
+``PopulationBasedTraining``, here inside the compiled program (rllib/population.py). The run
+directory holds a result file per member, the lineage and a plot of the population's curves.
+Needs the tune extra for ``tune.loguniform`` (``.venv/bin/pip install -e ".[tune]"``).
+
+Goal: the best member a return of 28 within 5 M env steps per member (gymnax-blines' PPO return
+after 10 M env steps), and PBT above the same 8 members with exploit off (median of 3 seeds of
+the whole experiment; ``make bench-pbt``, benchmarks/README.md "Population-based training").
+"""
+
+from pathlib import Path
+
+from ray import tune
+
+from impala_jax import PopulationBasedTraining
+from impala_jax.cli.experiment import load_experiment
+
+config, _ = load_experiment(Path(__file__).with_name("breakout_minatar.py"))
+config.training(lr=tune.loguniform(1e-4, 1e-2), entropy_coeff=tune.loguniform(1e-3, 3e-2))
+
+num_members = 8
+scheduler = PopulationBasedTraining(
+    time_attr="num_env_steps_sampled_lifetime",
+    perturbation_interval=250_000,
+    hyperparam_mutations={
+        "lr": tune.loguniform(1e-4, 1e-2),
+        "entropy_coeff": tune.loguniform(1e-3, 3e-2),
+    },
+)
+stop = {"env_runners/episode_return_mean": 28, "num_env_steps_sampled_lifetime": 5_000_000}
