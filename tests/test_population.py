@@ -3,6 +3,8 @@ alone; PBT's exploit copies params, optimizer state and hyperparameters together
 
 from __future__ import annotations
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -131,3 +133,47 @@ def test_what_a_population_cannot_trace_is_named():
     with pytest.raises(ValueError, match="steps on the host"):
         Population(_small().environment("CartPole-v1"), 2)
     assert pbt.operation_name(pbt.RESAMPLE, (1.2, 0.8)) == "resample"
+
+
+def test_grids_combine_as_tune_s_and_must_divide_the_population():
+    config = _small().training(
+        lr=tune.grid_search([0.001, 0.01]), gamma=tune.grid_search([0.9, 0.95, 0.99])
+    )
+    values = Population(config, num_members=6).hparams()
+    pairs = {(round(v["lr"], 6), round(v["gamma"], 6)) for v in values}
+    assert pairs == {(lr, g) for lr in (0.001, 0.01) for g in (0.9, 0.95, 0.99)}
+    with pytest.raises(ValueError, match="6 combinations; num_members must be a multiple"):
+        Population(config, num_members=4)
+
+
+def test_the_cli_trains_a_population_experiment_file(tmp_path):
+    from impala_jax import run
+
+    experiment = tmp_path / "pop_cartpole.py"
+    experiment.write_text(
+        "from impala_jax import IMPALAConfig, PopulationBasedTraining\n"
+        "config = (\n"
+        "    IMPALAConfig().environment('gymnax:CartPole-v1')\n"
+        "    .env_runners(num_env_runners=0, num_envs_per_env_runner=16,"
+        " rollout_fragment_length=20)\n"
+        "    .training(train_batch_size_per_learner=640, lr={'grid_search': [0.001, 0.01]})\n"
+        "    .rl_module(model_config={'fcnet_hiddens': [16]})\n"
+        ")\n"
+        "num_members = 4\n"
+        "scheduler = PopulationBasedTraining(perturbation_interval=1280,"
+        " hyperparam_mutations={'lr': [0.001, 0.003, 0.01]})\n"
+        "stop = {'num_env_steps_sampled_lifetime': 3840}\n"
+    )
+    code = run.main([str(experiment), "--logdir", str(tmp_path / "runs")])
+    assert code == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    for i in range(4):
+        lines = (run_dir / f"member_{i}" / "result.json").read_text().splitlines()
+        assert len(lines) == 3  # 3 intervals of 1,280 env steps
+        assert (run_dir / f"member_{i}" / "progress.csv").exists()
+        assert list((run_dir / f"member_{i}").glob("events.out.tfevents.*"))
+    assert (run_dir / "population_curves.png").stat().st_size > 1000
+    assert isinstance(json.loads((run_dir / "lineage.json").read_text()), list)
+    assert (run_dir / "checkpoint_population" / "population.npz").exists()
+    results = [json.loads(x) for x in (run_dir / "member_0" / "result.json").read_text().split()]
+    assert [r["num_env_steps_sampled_lifetime"] for r in results] == [1280, 2560, 3840]

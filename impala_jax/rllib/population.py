@@ -27,6 +27,7 @@ after). ``save(path)``/``restore(path)`` keep the whole population without pickl
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -47,6 +48,10 @@ from impala_jax.runtime.ondevice import population as program
 def _attribute(name: str) -> str:
     """The config attribute of a traceable hyperparameter."""
     return "_lr_vf" if name == "lr_vf" else name
+
+
+def _grid(space: Any) -> bool:
+    return isinstance(space, dict) and "grid_search" in space
 
 
 def _is_search_space(value: Any) -> bool:
@@ -118,17 +123,29 @@ class Population:
         self.lineage: list[dict] = []
 
     def _initial_values(self, config, spaces: dict) -> dict[str, np.ndarray]:
-        """Each traced hyperparameter's value per member: a draw from its search space, a
-        grid's ``i % len``-th value, or the config's number for every member."""
+        """Each traced hyperparameter's value per member: a draw from its search space, or the
+        config's number for every member. Grids (``tune.grid_search``) combine as Tune's do,
+        every combination once (the last name varying fastest), member i taking combination
+        ``i % combinations``."""
         key = jax.random.key(0 if config.seed is None else config.seed)
         values = {}
+        grids = {n: [float(v) for v in s["grid_search"]] for n, s in spaces.items() if _grid(s)}
+        combinations = list(itertools.product(*grids.values()))
+        if self.num_members % len(combinations):
+            raise ValueError(
+                f"Population(num_members={self.num_members}): the grids of "
+                f"{', '.join(grids)} make {len(combinations)} combinations; num_members must be "
+                f"a multiple of it (each combination that many times, as Tune's num_samples)."
+            )
+        for j, name in enumerate(grids):
+            column = [c[j] for c in combinations]
+            values[name] = np.array([column[m % len(column)] for m in range(self.num_members)])
         for i, name in enumerate(self.names):
             space = spaces.get(name)
+            if name in grids:
+                continue
             if space is None:
                 values[name] = np.full(self.num_members, float(getattr(config, _attribute(name))))
-            elif isinstance(space, dict):
-                grid = [float(v) for v in space["grid_search"]]
-                values[name] = np.array([grid[m % len(grid)] for m in range(self.num_members)])
             else:
                 domain = as_domain(space, name)
                 if isinstance(domain, tuple):  # a list is a choice among its values
