@@ -15,7 +15,7 @@ GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda12)
 EXTRAS := test$(if $(GPU),$(comma)$(GPU))
 RUN_EXTRAS := $(if $(GPU),[$(GPU)])
 
-.PHONY: install run notebook test test-slow bench bench-minatar soak lint format clean
+.PHONY: install run notebook test test-slow bench bench-minatar bench-pbt soak lint format clean
 
 install: $(STAMP)
 
@@ -58,6 +58,12 @@ bench: install
 # of PPO with PureJaxRL's settings, about an hour on 2 cores; not in bench.
 bench-minatar: install
 	$(BIN)/python -m benchmarks.minatar
+
+# Population-based training in one program (benchmarks/pbt.py): Breakout-MinAtar PBT against
+# exploit off (3 seeds each), the population's speed, the same PBT through Ray Tune; about 45
+# minutes on 2 cores; not in bench.
+bench-pbt: install
+	$(BIN)/python -m benchmarks.pbt
 
 # 20 minutes of CartPole under runner kills and NaN batches (benchmarks/soak.py); not in bench.
 soak: install

@@ -11,9 +11,10 @@ multiply each hyperparameter by 1.2 or 0.8, or (with probability 0.25) draw it a
 directory holds a result file per member, the lineage and a plot of the population's curves.
 Needs the tune extra for ``tune.loguniform`` (``.venv/bin/pip install -e ".[tune]"``).
 
-Goal: the best member a return of 28 within 5 M env steps per member (gymnax-blines' PPO return
+Goal: the best member a return of 28 within 5 M env steps (per member; gymnax-blines' PPO return
 after 10 M env steps), and PBT above the same 8 members with exploit off (median of 3 seeds of
-the whole experiment; ``make bench-pbt``, benchmarks/README.md "Population-based training").
+the whole experiment; ``make bench-pbt``, benchmarks/README.md "Population-based training");
+measured: 35.0 at 3.26 M env steps (seed 0, the best member's interval mean).
 """
 
 from pathlib import Path

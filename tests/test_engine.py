@@ -85,7 +85,7 @@ def test_from_train_to_vtrace_is_a_short_walk(monkeypatch):
     from impala_jax.runtime.learning.learner import Learner
 
     chains = []
-    vtrace = losses.vtrace
+    vtrace = losses.vtrace_targets
 
     def spy(*args, **kwargs):
         frames = [f for f in inspect.stack()[1:] if "/impala_jax/" in f.filename]
@@ -93,7 +93,7 @@ def test_from_train_to_vtrace_is_a_short_walk(monkeypatch):
         chains.append(names[max(i for i, n in enumerate(names) if n == "train") :])
         return vtrace(*args, **kwargs)
 
-    monkeypatch.setattr(losses, "vtrace", spy)
+    monkeypatch.setattr(losses, "vtrace_targets", spy)
     monkeypatch.setattr(program_cache, "directory", lambda: None)  # traced here, not loaded
     monkeypatch.setattr(Learner, "warm_up", lambda self, example: None)  # traced in train()
     config = (

@@ -59,7 +59,8 @@ def test_readme_runs_the_cli_with_the_venv_python():
 # --- item 5: each experiment's stated goal is its stop -------------------------------------
 
 GOAL = re.compile(
-    r"Goal: (?:each trial )?a return of (?P<goal>-?[\d.]+) within (?P<budget>[\d.]+) M env steps"
+    r"Goal: (?:each trial |the best member )?a return of (?P<goal>-?[\d.]+) "
+    r"within (?P<budget>[\d.]+) M env steps"
     r"(?:.*?measured: (?P<measured>-?[\d.]+) at (?P<at>[\d.]+) M env steps)?",
     re.S,
 )

@@ -434,7 +434,7 @@ def test_the_learner_step_bootstraps_a_truncated_step_and_not_a_terminated_one(m
         jax.debug.callback(lambda vs: seen.append(np.asarray(vs)), out.vs)
         return out
 
-    monkeypatch.setattr(losses, "vtrace", spy)
+    monkeypatch.setattr(losses, "vtrace_targets", spy)
     gamma, r = 0.9, 0.5
     loss_spec = LossSpec(gamma, 0.5, 0.01, 1.0, 1.0, None)
     networks = make_networks({"fcnet_hiddens": [8]}, OBS, ACT)

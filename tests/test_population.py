@@ -175,5 +175,7 @@ def test_the_cli_trains_a_population_experiment_file(tmp_path):
     assert (run_dir / "population_curves.png").stat().st_size > 1000
     assert isinstance(json.loads((run_dir / "lineage.json").read_text()), list)
     assert (run_dir / "checkpoint_population" / "population.npz").exists()
-    results = [json.loads(x) for x in (run_dir / "member_0" / "result.json").read_text().splitlines()]
+    results = [
+        json.loads(x) for x in (run_dir / "member_0" / "result.json").read_text().splitlines()
+    ]
     assert [r["num_env_steps_sampled_lifetime"] for r in results] == [1280, 2560, 3840]

@@ -62,6 +62,7 @@ COMMANDS = {
     "make bench": Check("not_runnable", "runs every benchmark; it needs a machine of its own"),
     "make soak": Check("not_runnable", "a 20-minute benchmark by design"),
     "make bench-minatar": Check("not_runnable", "an hour of training by design"),
+    "make bench-pbt": Check("not_runnable", "45 minutes of training by design"),
     "make notebook": Check("not_runnable", "opens a JupyterLab server and waits"),
     "bash benchmarks/gpu.sh": Check("not_runnable", "needs a GPU"),
     PYTHON: Check("run"),  # the interpreter every other command uses
@@ -78,6 +79,7 @@ COMMANDS = {
     NOTEBOOK: Check("run"),
     ".venv/bin/python -m impala_jax.run experiments/cartpole_gymnax.py": Check("run_stopped"),
     ".venv/bin/python -m impala_jax.run experiments/breakout_minatar.py": Check("run_stopped"),
+    ".venv/bin/python -m impala_jax.run experiments/breakout_minatar_pbt.py": Check("run_stopped"),
     ".venv/bin/python -m impala_jax.run tests/rllib_examples/cartpole_impala.py -- "
     "--num-env-runners=2 --stop-reward=450": Check("run_stopped"),
     # Ray Tune.

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 
 from impala_jax.core.distributions import Distribution
 from impala_jax.core.loss_spec import LossSpec
+
+# Imported under another name: impala_loss's keyword `vtrace` is the config field's name.
 from impala_jax.core.vtrace import vtrace as vtrace_targets
 
 __all__ = ["LossSpec", "clip_reward", "impala_loss"]
@@ -85,11 +87,8 @@ def impala_loss(
         ``clip_rho_threshold`` and ``clip_pg_rho_threshold``.
       lambda_: as in ``vtrace.vtrace``.
       clip_rewards: as in ``clip_reward``.
-      vtrace: True: the targets weigh each row by its importance weight (V-trace). False: no
-        off-policy correction, every weight taken as 1 (the IMPALA paper's "no-correction"
-        baseline, sec. 5.2.1: the targets of an on-policy actor-critic with n-step returns,
-        whatever policy acted). May be traced (1.0 / 0.0: a member of a policy-lag study).
-        The rho metrics report the true weights either way.
+      vtrace: True: V-trace; False (or a traced 0.0): every weight taken as 1, the paper's
+        "no-correction" baseline (sec. 5.2.1). The rho metrics report the true weights.
 
     Returns:
       ``(total_loss, metrics)``; metrics are scalar arrays, fetched when the caller decides.
@@ -114,16 +113,12 @@ def impala_loss(
     rho_tm1 = jnp.where(valid, jnp.exp(jnp.where(valid, log_rho, 0.0)), 0.0) * mask
 
     v_tm1 = values[:-1]
-    if vtrace is True:
-        weights = rho_tm1
-    else:  # False, or traced: 1 on every valid row where off
-        weights = jnp.where(jnp.asarray(vtrace, bool), rho_tm1, mask)
     targets = vtrace_targets(
         v_tm1=jax.lax.stop_gradient(v_tm1),
         v_t=jax.lax.stop_gradient(values[1:]),
         r_t=r_t,
         discount_t=discount_t,
-        rho_tm1=weights,
+        rho_tm1=_correction_weights(rho_tm1, mask, vtrace),
         lambda_=lambda_,
         clip_rho_threshold=vtrace_clip_rho_threshold,
         clip_pg_rho_threshold=vtrace_clip_pg_rho_threshold,
@@ -146,6 +141,14 @@ def impala_loss(
         **_rho_metrics(rho_tm1, valid, count, vtrace_clip_rho_threshold),
     )
     return total_loss, jax.tree.map(jax.lax.stop_gradient, metrics)
+
+
+def _correction_weights(rho_tm1: jax.Array, mask: jax.Array, vtrace: chex.Numeric) -> jax.Array:
+    """The weights the targets use: ``rho_tm1`` (V-trace), or with ``vtrace`` False (or a traced
+    0.0) 1 on every valid row: no off-policy correction."""
+    if vtrace is True:
+        return rho_tm1
+    return jnp.where(jnp.asarray(vtrace, bool), rho_tm1, mask)
 
 
 # clipped_rho_fraction counts a weight as clipped only above threshold * (1 + this). On-policy

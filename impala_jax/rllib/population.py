@@ -50,6 +50,25 @@ def _attribute(name: str) -> str:
     return "_lr_vf" if name == "lr_vf" else name
 
 
+def _static_value(name: str, values: np.ndarray, mutations: dict) -> Any:
+    """The value the config is built with for a traced hyperparameter: member 0's, but for
+    ``vtrace`` (a bool in the config) and ``policy_lag``, which sizes the ring of acting params:
+    the largest lag a member starts with or a mutation can reach (a list's largest value; a
+    Domain's high; traced lags beyond the ring are clamped to it)."""
+    if name == "vtrace":
+        return True
+    if name != "policy_lag":
+        return float(values[0])
+    largest = float(np.max(values))
+    mutation = mutations.get(name)
+    if isinstance(mutation, list | tuple):
+        largest = max(largest, *(float(v) for v in mutation))
+    elif mutation is not None:
+        high = getattr(as_domain(mutation, name), "high", None)
+        largest = max(largest, float(high or 0))
+    return max(1, int(math.ceil(largest)))
+
+
 def _grid(space: Any) -> bool:
     return isinstance(space, dict) and "grid_search" in space
 
@@ -99,8 +118,8 @@ class Population:
                 )
         initial = self._initial_values(config, spaces)
         built = config.copy(copy_frozen=False)
-        for name in self.names:  # member 0's values: the program reads every member's traced
-            setattr(built, _attribute(name), float(initial[name][0]))
+        for name in self.names:  # the program reads every member's traced values
+            setattr(built, _attribute(name), _static_value(name, initial[name], mutations))
         self.config = built
         algo = built.build()
         try:

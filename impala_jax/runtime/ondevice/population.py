@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from impala_jax.core import pbt
+from impala_jax.core.pbt import exploit, explore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +86,10 @@ def interval_function(updates, plan: PopulationPlan):
         operations = {name: jnp.zeros(members, jnp.int32) for name in mutations}
         if plan.exploit:
             ranked = jnp.where(exploit_now, plan.sign * score, jnp.nan)  # NaN: not ranked
-            source, copied = pbt.exploit(exploit_key, ranked, plan.quantile_fraction)
+            source, copied = exploit(exploit_key, ranked, plan.quantile_fraction)
             carry = copy_members(carry, source)
             taken = {k: jnp.take(v, source, axis=0) for k, v in hparams.items()}
-            explored, operations = pbt.explore(
+            explored, operations = explore(
                 explore_key,
                 {k: taken[k] for k in mutations},
                 mutations,
