@@ -309,9 +309,9 @@ def main(argv=None) -> dict:
         payload["tune"] = tune_comparison(tune_steps)
     text = markdown(payload)
     print(text)
-    name = "pbt" if not args.quick else "pbt_quick"
-    if not args.quick and len(parts) < 3:
-        name = "pbt_" + "_".join(parts)
+    name = "pbt" if len(parts) == 3 else "pbt_" + "_".join(parts)
+    if args.quick and len(parts) == 3:
+        name = "pbt_quick"
     common.write_result(name, payload, args.quick)
     if not args.quick and len(parts) == 3:
         write_readme_table(text)

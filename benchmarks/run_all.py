@@ -31,6 +31,7 @@ BENCHMARKS = [
     ("end_to_end_pong", ["-m", "benchmarks.end_to_end", "--env", "pong"], 300),
     ("tune_overhead", ["-m", "benchmarks.tune_overhead"], 600),
     ("processes", ["-m", "benchmarks.processes"], 600),
+    ("pbt_speed", ["-m", "benchmarks.pbt", "--parts", "speed"], 900),
 ]
 
 
@@ -226,7 +227,27 @@ def summarize(results: dict) -> list[dict]:
                 "met": None,
             }
         )
+    speed = results.get("pbt_speed")
+    if speed:
+        rows.append(_population_row(speed))
     return rows
+
+
+def _population_row(speed: dict) -> dict:
+    """A population of 8 (Breakout-MinAtar PBT) against one run: env steps/s and start-up."""
+    runs = [r for r in speed["speed"] if r.get("ok")]
+    pop = [r for r in runs if r["kind"] == "population"]
+    one = [r for r in runs if r["kind"] == "one"]
+    rate = [common.median([r["env_steps_per_s"] for r in rs]) for rs in (pop, one)]
+    start = [common.median([r["startup_s"] for r in rs]) for rs in (pop, one)]
+    return {
+        "benchmark": "pbt_speed",
+        "goal": "a population of 8 in one program: >= 0.9x one run's env steps/s in all, "
+        "start-up <= 1.5x one run's",
+        "value": f"{rate[0]:,.0f} vs {rate[1]:,.0f} env steps/s ({rate[0] / rate[1]:.2f}x); "
+        f"start-up {start[0]:.1f} s vs {start[1]:.1f} s ({start[0] / start[1]:.2f}x)",
+        "met": rate[0] >= 0.9 * rate[1] and start[0] <= 1.5 * start[1],
+    }
 
 
 def load_results(runs: dict | None = None) -> dict:

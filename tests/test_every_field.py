@@ -209,7 +209,7 @@ FIELDS: dict[str, Any] = {
     # On device only ("gymnax:" envs); with a host env it is an error.
     "policy_lag": Covered("tests/test_on_device.py::test_lag_k_is_the_reported_lag_and_moves_rho"),
     # .training()
-    "vtrace": Error(False),
+    "vtrace": Spec(False, loss),
     "vtrace_clip_rho_threshold": Spec(2.0, loss),
     "vtrace_clip_pg_rho_threshold": Spec(2.0, loss),
     "num_gpu_loader_threads": Built(
