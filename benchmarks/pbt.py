@@ -13,10 +13,12 @@ part in fresh processes:
   ``experiments/breakout_minatar.py`` after its first iteration, in alternating pairs; and the
   start-up of each, the wall time from launch to its first result less one interval's (one
   iteration's) steady time: what building and compiling cost.
-- ``tune``: the same PBT (8 members, 250 K env steps, Tune's ``PopulationBasedTraining`` with
-  ``synch=True``) through the project's Ray Tune path (``tune.Tuner("IMPALA", ...)``, one trial
-  per member) against the one-program population, each to 1 M env steps per member, wall time
-  from launch.
+- ``tune``: the same PBT (8 members, 250 K env steps, Tune's ``PopulationBasedTraining``)
+  through the project's Ray Tune path (``tune.Tuner("IMPALA", ...)``, one trial per member)
+  against the one-program population, each to 1 M env steps per member, wall time from
+  launch. Tune's scheduler runs asynchronously (its default, ``synch=False``): with
+  ``synch=True`` its controller spun without running a trial once they neared the stop
+  (2026-12-07, ray 2.60: ten minutes, ``pbt_policy_*.txt`` rewritten without end).
 
 A full run writes ``results/pbt.json`` and the table between the ``pbt`` markers of
 benchmarks/README.md.
@@ -126,13 +128,18 @@ def tune_child(steps: int, launched: float) -> dict:
 
     module = load_module(PBT_EXPERIMENT)
     ours = module.scheduler
+
+    def as_tune(domain):  # the experiment's loguniform, as Tune's own
+        assert domain.kind == "loguniform", domain
+        return tune.loguniform(domain.low, domain.high)
+
     scheduler = PopulationBasedTraining(
         time_attr=ours.time_attr,
         perturbation_interval=ours.perturbation_interval,
-        hyperparam_mutations=dict(ours.hyperparam_mutations),
-        synch=True,
+        hyperparam_mutations={k: as_tune(v) for k, v in ours.hyperparam_mutations.items()},
     )
     config = module.config.copy(copy_frozen=False)
+    config.training(lr=as_tune(config.lr), entropy_coeff=as_tune(config.entropy_coeff))
     config.reporting(min_time_s_per_iteration=1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:

@@ -490,3 +490,20 @@ def test_importing_pbt_needs_no_ray():
         "assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules), 'ray imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)
+
+
+def test_the_search_space_functions_without_ray_are_tunes_domains():
+    from ray import tune
+
+    from impala_jax.rllib.pbt_spec import choice, loguniform, randint, randn, uniform
+
+    pairs = [
+        (loguniform(1e-4, 1e-2), tune.loguniform(1e-4, 1e-2)),
+        (uniform(0.1, 0.5), tune.uniform(0.1, 0.5)),
+        (randn(1.0, 2.0), tune.randn(1.0, 2.0)),
+        (randint(0, 8), tune.randint(0, 8)),
+        (choice([1, 2, 4]), tune.choice([1, 2, 4])),
+        (choice([0.9, 0.99]), tune.choice([0.9, 0.99])),
+    ]
+    for ours, theirs in pairs:
+        assert ours == pbt_spec.as_domain(theirs, "x")

@@ -130,6 +130,9 @@ def test_what_a_population_cannot_trace_is_named():
     )
     with pytest.raises(ValueError, match="train_batch_size_per_learner.*not a hyperparameter"):
         Population(_small(), 2, scheduler)
+    batch = _small().training(train_batch_size_per_learner=tune.choice([640, 1280]))
+    with pytest.raises(ValueError, match="train_batch_size_per_learner hold.*Ray Tune"):
+        Population(batch, 2)
     with pytest.raises(ValueError, match="steps on the host"):
         Population(_small().environment("CartPole-v1"), 2)
     assert pbt.operation_name(pbt.RESAMPLE, (1.2, 0.8)) == "resample"

@@ -230,3 +230,34 @@ def _domain(field: str, **fields: Any) -> Domain:
         return Domain(**fields)
     except ValueError as error:
         raise ValueError(f"{field}: {error}.") from None
+
+
+# Ray Tune's search-space functions for a population in one program, without importing ray
+# (an import of ray.tune costs over a second at start-up): each returns the core Domain that
+# `as_domain` makes of Tune's object of the same name.
+
+
+def uniform(low: float, high: float) -> Domain:
+    """``tune.uniform(low, high)``."""
+    return Domain(kind="uniform", low=float(low), high=float(high))
+
+
+def loguniform(low: float, high: float) -> Domain:
+    """``tune.loguniform(low, high)``."""
+    return Domain(kind="loguniform", low=float(low), high=float(high))
+
+
+def randn(mean: float = 0.0, sd: float = 1.0) -> Domain:
+    """``tune.randn(mean, sd)``."""
+    return Domain(kind="normal", mean=float(mean), sd=float(sd))
+
+
+def randint(low: int, high: int) -> Domain:
+    """``tune.randint(low, high)``: integers in [low, high)."""
+    return Domain(kind="randint", low=float(low), high=float(high))
+
+
+def choice(categories: Sequence[float]) -> Domain:
+    """``tune.choice(categories)``; PBT multiplies its values as Tune does (core/pbt.py)."""
+    values = tuple(categories)
+    return Domain(kind="choice", categories=values, integer=all(is_int(v) for v in values))

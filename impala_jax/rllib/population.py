@@ -39,15 +39,46 @@ import numpy as np
 
 from impala_jax.core import hyperparams as traceable
 from impala_jax.core import pbt
+from impala_jax.rllib import specs
 from impala_jax.rllib.pbt_spec import PopulationBasedTraining, as_domain, from_tune
-from impala_jax.rllib.values import is_search_space
-from impala_jax.runtime.envs.env_registry import is_jax_env
+from impala_jax.rllib.values import find_search_space, is_search_space
+from impala_jax.runtime.acting.policy import make_policy
+from impala_jax.runtime.envs.env_registry import is_jax_env, make_jax_env
+from impala_jax.runtime.learning import parallel
+from impala_jax.runtime.learning.learner import Learner, run_keys
+from impala_jax.runtime.ondevice import device_engine
 from impala_jax.runtime.ondevice import population as program
+from impala_jax.runtime.process.jax_setup import initialize_lapack, use_compile_cache
 
 
 def _attribute(name: str) -> str:
     """The config attribute of a traceable hyperparameter."""
     return "_lr_vf" if name == "lr_vf" else name
+
+
+def _pure_functions(config) -> tuple:
+    """``(init, updates, env steps per update)`` of one member's run (device_engine's
+    ``pure_functions``), built from the specs alone: no learner state, envs or program of a
+    run of its own."""
+    env = make_jax_env(config.env, config.env_config)
+    devices, local = parallel.learner_devices(config.num_learners)
+    policy = make_policy(
+        specs.policy_spec(config), env.observation_space, env.action_space, local[0]
+    )
+    step = specs.step_spec(config, len(devices))
+    learner = Learner(
+        policy.networks,
+        policy.distribution,
+        specs.optimizer_spec(config),
+        specs.loss_spec(config),
+        step,
+        devices,
+        run_keys(0)[0],  # for the state's shapes only: each member starts from its own key
+        initial_state=False,
+    )
+    spec = specs.device_spec(config)
+    _, _, per_update = device_engine.rollout_plan(spec, learner)
+    return (*device_engine.pure_functions(spec, env, policy, learner), per_update)
 
 
 def _static_value(name: str, values: np.ndarray, mutations: dict) -> Any:
@@ -74,8 +105,8 @@ def _grid(space: Any) -> bool:
 
 
 def _is_search_space(value: Any) -> bool:
-    """A Tune search space (rllib/values.py's rule) or a core.pbt.Domain."""
-    return isinstance(value, pbt.Domain) or is_search_space(value)
+    """A Tune search space or a core.pbt.Domain (rllib/values.py's rule)."""
+    return is_search_space(value)
 
 
 class Population:
@@ -90,6 +121,8 @@ class Population:
                 "in one program needs an env written in JAX ('gymnax:<id>' or a gymnax "
                 "Environment). Sweep host envs with Ray Tune (rllib/ray_tune.py)."
             )
+        use_compile_cache()  # as IMPALA: the compiled programs kept for the next process
+        initialize_lapack()
         if scheduler is not None and not isinstance(scheduler, PopulationBasedTraining):
             scheduler = from_tune(scheduler)
         self.scheduler, self.num_members = scheduler, num_members
@@ -120,15 +153,16 @@ class Population:
         built = config.copy(copy_frozen=False)
         for name in self.names:  # the program reads every member's traced values
             setattr(built, _attribute(name), _static_value(name, initial[name], mutations))
-        self.config = built
-        algo = built.build()
-        try:
-            engine = algo.engine
-            init, updates = engine.pure_functions()
-        finally:
-            algo.stop()
-        self.env_steps_per_update = engine.env_steps_per_update
-        self._counters = engine.counters
+        spaces_left = [k for k, v in built.to_dict().items() if find_search_space(v)]
+        if spaces_left:
+            raise ValueError(
+                f"Population: {', '.join(spaces_left)} hold(s) a Tune search space, but only "
+                f"{', '.join(traceable.TRACEABLE)} are traced in one program; sweep the others "
+                "with Ray Tune (tune.Tuner('IMPALA', param_space=config))."
+            )
+        built.validate()
+        self.config = built.freeze()
+        init, updates, self.env_steps_per_update = _pure_functions(built)
         self._init, self._updates = init, updates
         self.plan = self._plan(scheduler, mutations)
         interval = program.interval_function(updates, self.plan)
@@ -164,7 +198,8 @@ class Population:
             if name in grids:
                 continue
             if space is None:
-                values[name] = np.full(self.num_members, float(getattr(config, _attribute(name))))
+                value = getattr(config, _attribute(name))  # policy_lag None: 0
+                values[name] = np.full(self.num_members, float(value or 0))
             else:
                 domain = as_domain(space, name)
                 if isinstance(domain, tuple):  # a list is a choice among its values
@@ -189,6 +224,9 @@ class Population:
             sign=1.0 if scheduler.mode == "max" else -1.0,
         )
 
+    def _counters_of(self, first: int, n: int) -> np.ndarray:
+        return device_engine.counters(self.env_steps_per_update, first, n)
+
     @property
     def env_steps_per_iteration(self) -> int:
         """Env steps each member samples in one ``train()``."""
@@ -197,7 +235,7 @@ class Population:
     def train(self) -> list[dict]:
         """One interval of every member (then exploit/explore): a result per member."""
         U = self.plan.updates_per_interval
-        counters = jnp.asarray(self._counters(self.iteration * U, U))
+        counters = jnp.asarray(self._counters_of(self.iteration * U, U))
         before = jax.device_get(self._hparams)
         exploit_now = jnp.asarray(self.iteration >= self.plan.burn_in_intervals)
         out = self._interval(
@@ -252,7 +290,7 @@ class Population:
         *population.initial_inputs())`` makes the updates ``num_iterations`` calls of
         ``train()`` make from the start."""
         U = self.plan.updates_per_interval
-        counters = self._counters(0, num_iterations * U).reshape(num_iterations, U, 2)
+        counters = self._counters_of(0, num_iterations * U).reshape(num_iterations, U, 2)
         return program.train_function(self._init, self._updates, jnp.asarray(counters), self.plan)
 
     def initial_inputs(self) -> tuple:

@@ -13,11 +13,18 @@ from typing import Any
 
 
 def is_search_space(value: Any) -> bool:
-    """A Ray Tune value a trial has not resolved yet (what ``tune.grid_search`` etc. return)."""
+    """A Ray Tune value a trial has not resolved yet (what ``tune.grid_search`` etc. return), or
+    a population's search space (``core.pbt.Domain``)."""
     if isinstance(value, dict):
         return len(value) == 1 and "grid_search" in value
     # A class is never one, even when its metaclass is from ray.tune (RLlib's RLlibCallback).
-    return not isinstance(value, type) and type(value).__module__.startswith("ray.tune")
+    if isinstance(value, type):
+        return False
+    kind = type(value)
+    # Or a population's own (rllib/pbt_spec.py's loguniform, ...: core.pbt.Domain, no ray).
+    return kind.__module__.startswith("ray.tune") or (
+        kind.__module__ == "impala_jax.core.pbt" and kind.__name__ == "Domain"
+    )
 
 
 def find_search_space(value: Any) -> bool:

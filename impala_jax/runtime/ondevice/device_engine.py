@@ -215,6 +215,72 @@ def rollout_description(spec, env) -> list | None:
     ]
 
 
+def counters(env_steps_per_update: int, first: int, n: int) -> np.ndarray:
+    """float32 ``[n, 2]``: the env-step counter (``optim.env_steps_operand``) after each of
+    updates ``first .. first + n - 1``, what ``pure_functions``' ``updates`` takes."""
+    done = (first + 1 + np.arange(n)) * env_steps_per_update
+    return np.stack([optim.env_steps_operand(int(t)) for t in done])
+
+
+def pure_functions(spec, env, policy, learner):
+    """``(init, updates)``, a run on device as pure functions, needing no engine nor learner
+    state (``Learner(..., initial_state=False)`` will do): ``init(key) -> TrainCarry`` starts a
+    run from its key; ``updates(carry, counters, hparams) -> (TrainCarry, metrics)`` makes one
+    update per row of ``counters`` (``counters(...)``: the env-step counter after each), one
+    ``lax.scan`` over the mesh. ``DeviceEngine.train_function`` and populations
+    (runtime/ondevice/population.py) are made of them."""
+    lag = spec.policy_lag
+    num_envs, rollouts, _ = rollout_plan(spec, learner)
+    step = sample_and_update_fn(
+        device_rollout(spec, env, policy), learner.per_device_step, rollouts, lag
+    )
+    example = None
+    if learner.step_spec.replay_columns:  # a host batch like the learner's: the slots' shapes
+        dtype = policy.action_dtype(learner.abstract_state.params)
+        columns = learner.step_spec.columns * learner.num_devices
+        example = policy.example_batch(spec.rollout_fragment_length, columns, dtype)
+
+    def run(state, replay, carry, ring, counters, hparams):  # on each device
+        def one(c, env_steps):
+            state, replay, carry, ring, metrics, eps = step(*c, env_steps, hparams)
+            ended = jnp.sum(eps.ended)
+            returns = jnp.sum(jnp.where(eps.ended, eps.episode_return, 0.0))
+            metrics = dict(
+                metrics,
+                episode_return_sum=jax.lax.psum(returns, LEARNER_AXIS),
+                num_episodes=jax.lax.psum(ended, LEARNER_AXIS),
+            )
+            return (state, replay, carry, ring), metrics
+
+        return jax.lax.scan(one, (state, replay, carry, ring), counters)
+
+    replay_spec = parallel.LEADING if example is not None else ()
+    ring_spec = parallel.REPLICATED if lag else ()
+    carry_specs = (parallel.REPLICATED, replay_spec, parallel.LEADING, ring_spec)
+    replicated = parallel.REPLICATED
+    program = jax.shard_map(
+        run,
+        mesh=learner.mesh,
+        in_specs=(*carry_specs, replicated, replicated),
+        out_specs=(carry_specs, replicated),
+        check_vma=False,  # as device_program: the env's own step runs inside
+    )
+
+    def init(key):
+        learner_key, _ = jax.random.split(key)  # run_keys
+        state, replay_key = learner.init_state(learner_key)
+        carry = reset_envs(env, jax.random.fold_in(key, 0), num_envs)  # initial_envs
+        replay = () if example is None else learner.replay_slots_of(replay_key, example)
+        ring = () if not lag else jax.tree.map(lambda x: jnp.stack([x] * lag), state.params)
+        return TrainCarry(state, replay, carry, ring)
+
+    def updates(carry, counters, hparams=None):
+        final, metrics = program(*carry, counters, dict(hparams or {}))
+        return TrainCarry(*final), metrics
+
+    return init, updates
+
+
 class DeviceEngine:
     """The rollouts of a run, or of a group of seeds side by side, and the one program that
     samples and updates; the ``Learner`` keeps the state (see the module docstring)."""
@@ -313,67 +379,14 @@ class DeviceEngine:
         return train
 
     def pure_functions(self):
-        """``(init, updates)``, the pieces of ``train_function``: ``init(key) -> TrainCarry``
-        starts a run from its key; ``updates(carry, counters, hparams) -> (TrainCarry,
-        metrics)`` makes one update per row of ``counters`` (``counters(first, n)``: the
-        env-step counter after each), one ``lax.scan`` over the mesh."""
+        """``pure_functions(spec, env, policy, learner)`` for this engine's run."""
         if self._grouped:
             raise ValueError("train_function is one run's; a group has a member axis of its own.")
-        learner, lag = self.learner, self.lag
-        step = sample_and_update_fn(
-            device_rollout(self.spec, self._env, self._policy),
-            learner.per_device_step,
-            self.rollouts_per_update,
-            lag,
-        )
-        example = self._example_batch() if learner.step_spec.replay_columns else None
-        env, num_envs = self._env, self.num_envs
-
-        def run(state, replay, carry, ring, counters, hparams):  # on each device
-            def one(c, env_steps):
-                state, replay, carry, ring, metrics, eps = step(*c, env_steps, hparams)
-                ended = jnp.sum(eps.ended)
-                returns = jnp.sum(jnp.where(eps.ended, eps.episode_return, 0.0))
-                metrics = dict(
-                    metrics,
-                    episode_return_sum=jax.lax.psum(returns, LEARNER_AXIS),
-                    num_episodes=jax.lax.psum(ended, LEARNER_AXIS),
-                )
-                return (state, replay, carry, ring), metrics
-
-            return jax.lax.scan(one, (state, replay, carry, ring), counters)
-
-        replay_spec = parallel.LEADING if example is not None else ()
-        ring_spec = parallel.REPLICATED if lag else ()
-        carry_specs = (parallel.REPLICATED, replay_spec, parallel.LEADING, ring_spec)
-        replicated = parallel.REPLICATED
-        program = jax.shard_map(
-            run,
-            mesh=learner.mesh,
-            in_specs=(*carry_specs, replicated, replicated),
-            out_specs=(carry_specs, replicated),
-            check_vma=False,  # as device_program: the env's own step runs inside
-        )
-
-        def init(key):
-            learner_key, _ = jax.random.split(key)  # run_keys
-            state, replay_key = learner.init_state(learner_key)
-            carry = reset_envs(env, jax.random.fold_in(key, 0), num_envs)  # initial_envs
-            replay = () if example is None else learner.replay_slots_of(replay_key, example)
-            ring = () if not lag else jax.tree.map(lambda x: jnp.stack([x] * lag), state.params)
-            return TrainCarry(state, replay, carry, ring)
-
-        def updates(carry, counters, hparams=None):
-            final, metrics = program(*carry, counters, dict(hparams or {}))
-            return TrainCarry(*final), metrics
-
-        return init, updates
+        return pure_functions(self.spec, self._env, self._policy, self.learner)
 
     def counters(self, first: int, n: int) -> np.ndarray:
-        """float32 ``[n, 2]``: the env-step counter (``optim.env_steps_operand``) after each of
-        updates ``first .. first + n - 1``, what ``pure_functions``' ``updates`` takes."""
-        done = (first + 1 + np.arange(n)) * self.env_steps_per_update
-        return np.stack([optim.env_steps_operand(int(t)) for t in done])
+        """``counters(self.env_steps_per_update, first, n)``."""
+        return counters(self.env_steps_per_update, first, n)
 
     def _example_batch(self):
         """A host batch like the learner's, for the replay slots' shapes."""
