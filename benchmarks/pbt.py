@@ -242,7 +242,7 @@ def markdown(payload: dict) -> str:
             )
         lines.append(
             f"\n{len(learn) // 2} seeds of each experiment, {payload['steps']:,} env steps per "
-            "member; median (range) over seeds."
+            "member; median (range) over seeds, best member's final return first."
         )
     fast = [r for r in payload.get("speed", []) if r["ok"]]
     if fast:
@@ -253,7 +253,7 @@ def markdown(payload: dict) -> str:
         )
         start = _median([r["startup_s"] for r in pop]) / _median([r["startup_s"] for r in one])
         lines.append(
-            f"\nSpeed ({len(pop)} alternating pairs): the population's env steps/s in all "
+            f"Speed ({len(pop)} alternating pairs): the population's env steps/s in all "
             f"{_median([r['env_steps_per_s'] for r in pop]):,.0f} against one run's "
             f"{_median([r['env_steps_per_s'] for r in one]):,.0f} ({rate:.2f} x); start-up "
             f"{_median([r['startup_s'] for r in pop]):.1f} s against "
@@ -263,12 +263,12 @@ def markdown(payload: dict) -> str:
     if len(tuned) == 2:
         ours, theirs = tuned["one-program"], tuned["tune"]
         lines.append(
-            f"\nThe same PBT to {payload['tune_steps']:,} env steps per member: one program "
+            f"The same PBT to {payload['tune_steps']:,} env steps per member: one program "
             f"{ours['wall_s_from_launch']:.0f} s, Ray Tune (one trial per member) "
             f"{theirs['wall_s_from_launch']:.0f} s "
             f"({ours['wall_s_from_launch'] / theirs['wall_s_from_launch']:.2f} x)."
         )
-    lines.append(f"\n{time.strftime('%Y-%m-%d')}, `make bench-pbt`.")
+    lines.append(f"{time.strftime('%Y-%m-%d')}, `make bench-pbt`.")
     return "\n".join(lines)
 
 
