@@ -182,3 +182,23 @@ def test_the_cli_trains_a_population_experiment_file(tmp_path):
         json.loads(x) for x in (run_dir / "member_0" / "result.json").read_text().splitlines()
     ]
     assert [r["num_env_steps_sampled_lifetime"] for r in results] == [1280, 2560, 3840]
+
+
+def test_the_interval_program_is_kept_on_disk_and_makes_the_same_updates(tmp_path, monkeypatch):
+    from impala_jax.runtime.learning import program_cache
+
+    monkeypatch.setattr(program_cache, "directory", lambda: None)
+    plain = _pbt_population()
+    expected = [plain.train() for _ in range(2)]
+    monkeypatch.setattr(program_cache, "directory", lambda: tmp_path)
+    first, second = _pbt_population(), _pbt_population()
+    first.train()
+    assert first._interval.source == "exported" and list(tmp_path.glob("population_interval-*"))
+    got = [second.train() for _ in range(2)]
+    assert second._interval.source == "loaded"
+    for a, b in zip(got, expected, strict=True):
+        assert [r["env_runners"] for r in a] == [r["env_runners"] for r in b]
+        assert [r["config"] for r in a] == [r["config"] for r in b]
+    params = (_leaves(p._carry.state.params) for p in (second, plain))
+    for x, y in zip(*params, strict=True):
+        np.testing.assert_array_equal(x, y)

@@ -44,7 +44,7 @@ from impala_jax.rllib.pbt_spec import PopulationBasedTraining, as_domain, from_t
 from impala_jax.rllib.values import find_search_space, is_search_space
 from impala_jax.runtime.acting.policy import make_policy
 from impala_jax.runtime.envs.env_registry import is_jax_env, make_jax_env
-from impala_jax.runtime.learning import parallel
+from impala_jax.runtime.learning import parallel, program_cache
 from impala_jax.runtime.learning.learner import Learner, run_keys
 from impala_jax.runtime.ondevice import device_engine
 from impala_jax.runtime.ondevice import population as program
@@ -57,15 +57,17 @@ def _attribute(name: str) -> str:
 
 
 def _pure_functions(config) -> tuple:
-    """``(init, updates, env steps per update)`` of one member's run (device_engine's
-    ``pure_functions``), built from the specs alone: no learner state, envs or program of a
-    run of its own."""
+    """``(init, updates, env steps per update, description)`` of one member's run
+    (device_engine's ``pure_functions``), built from the specs alone: no learner state, envs or
+    program of a run of its own. ``description``: plain data deciding the trace of a program
+    made of them (program_cache), None where nothing may be kept on disk."""
     env = make_jax_env(config.env, config.env_config)
     devices, local = parallel.learner_devices(config.num_learners)
     policy = make_policy(
         specs.policy_spec(config), env.observation_space, env.action_space, local[0]
     )
     step = specs.step_spec(config, len(devices))
+    spaces = (env.observation_space, env.action_space)
     learner = Learner(
         policy.networks,
         policy.distribution,
@@ -74,11 +76,19 @@ def _pure_functions(config) -> tuple:
         step,
         devices,
         run_keys(0)[0],  # for the state's shapes only: each member starts from its own key
+        # What decides the networks: given, the interval's traced program is kept on disk.
+        program_key=None
+        if policy.custom
+        else program_cache.model_description(config.model_config, *spaces),
         initial_state=False,
     )
     spec = specs.device_spec(config)
     _, _, per_update = device_engine.rollout_plan(spec, learner)
-    return (*device_engine.pure_functions(spec, env, policy, learner), per_update)
+    init, updates = device_engine.pure_functions(spec, env, policy, learner)
+    rollout = device_engine.rollout_description(spec, env)
+    cached = learner.program_description is not None and rollout is not None
+    description = [*learner.program_description, rollout] if cached else None
+    return init, updates, per_update, description
 
 
 def _static_value(name: str, values: np.ndarray, mutations: dict) -> Any:
@@ -162,11 +172,10 @@ class Population:
             )
         built.validate()
         self.config = built.freeze()
-        init, updates, self.env_steps_per_update = _pure_functions(built)
+        init, updates, self.env_steps_per_update, description = _pure_functions(built)
         self._init, self._updates = init, updates
         self.plan = self._plan(scheduler, mutations)
-        interval = program.interval_function(updates, self.plan)
-        self._interval = jax.jit(interval, donate_argnums=(0,))
+        self._interval = self._interval_program(updates, description)
         self._base_seed = base
         self._initial = {k: jnp.asarray(v, jnp.float32) for k, v in initial.items()}
         keys, self._hparams, self._key = self.initial_inputs()  # the key: exploit/explore's
@@ -174,6 +183,24 @@ class Population:
         self._score = jnp.full(num_members, jnp.nan, jnp.float32)
         self.iteration = 0
         self.lineage: list[dict] = []
+
+    def _interval_program(self, updates, description):
+        """One interval of every member, compiled; where ``description`` allows, its traced
+        program is kept on disk (program_cache), as the learner step's is, so a later process
+        skips tracing it."""
+        interval = jax.jit(program.interval_function(updates, self.plan), donate_argnums=(0,))
+        if description is None:
+            return interval
+        names = {k: 0 for k in self.names}
+        lineage = program.Lineage(0, 0, 0, {k: 0 for k, _ in self.plan.mutations}, names)
+        return program_cache.CachedProgram(
+            interval,
+            "population_interval",
+            [*description, self.plan, self.num_members, self.names],
+            # The carry, hparams, scores and key like their arguments; the metrics; the lineage.
+            outputs_like=(0, 1, 2, 3, None, jax.tree.structure(lineage)),
+            donate_argnums=(0,),
+        )
 
     def _initial_values(self, config, spaces: dict) -> dict[str, np.ndarray]:
         """Each traced hyperparameter's value per member: a draw from its search space, or the
