@@ -153,3 +153,11 @@ def _cell(value) -> str:
             return f"{value:.1f}"
         return f"{value:.3g}"
     return str(value)
+
+
+def replace_between_markers(path: Path, start: str, end: str, text: str) -> None:
+    """Rewrites what lies between the ``start`` and ``end`` markers of ``path`` with ``text``."""
+    readme = path.read_text()
+    head, rest = readme.split(start)
+    _, tail = rest.split(end)
+    path.write_text(f"{head}{start}\n{text}\n{end}{tail}")

@@ -273,10 +273,7 @@ def markdown(payload: dict) -> str:
 
 
 def write_readme_table(text: str) -> None:
-    readme = README.read_text()
-    head, rest = readme.split(START)
-    _, tail = rest.split(END)
-    README.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+    common.replace_between_markers(README, START, END, text)
 
 
 def main(argv=None) -> dict:

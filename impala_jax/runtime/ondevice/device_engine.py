@@ -104,10 +104,11 @@ def acting_params(params, ring, lag: int, hparams):
     if "policy_lag" not in hparams:
         return jax.tree.map(lambda r: r[0], ring)
     k = jnp.clip(jnp.round(hparams["policy_lag"]), 0, lag).astype(jnp.int32)
+    # ring[lag - k] is the params of k updates before; k = 0 is the params themselves (no
+    # concatenation: that would copy the whole ring every update).
+    index = jnp.maximum(lag - k, 0) % lag
     return jax.tree.map(
-        lambda r, p: jax.lax.dynamic_index_in_dim(
-            jnp.concatenate([r, p[None]]), lag - k, keepdims=False
-        ),
+        lambda r, p: jnp.where(k == 0, p, jax.lax.dynamic_index_in_dim(r, index, keepdims=False)),
         ring,
         params,
     )
