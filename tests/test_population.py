@@ -202,3 +202,50 @@ def test_the_interval_program_is_kept_on_disk_and_makes_the_same_updates(tmp_pat
     params = (_leaves(p._carry.state.params) for p in (second, plain))
     for x, y in zip(*params, strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def _fake_interval(sign: float, exploit_now: bool = True):
+    """An interval over 4 fake members whose return is 100 x their lr."""
+    import jax.numpy as jnp
+
+    from impala_jax.core.types import LearnerState
+    from impala_jax.runtime.ondevice import population as program
+    from impala_jax.runtime.ondevice.device_engine import TrainCarry
+
+    def updates(carry, counters, hparams):
+        n = counters.shape[0]
+        metrics = {
+            "num_episodes": jnp.ones(n),
+            "episode_return_sum": jnp.full(n, 100 * hparams["lr"]),
+        }
+        return carry, metrics
+
+    plan = program.PopulationPlan(
+        updates_per_interval=1,
+        mutations=(("lr", (0.1, 0.2, 0.3, 0.4)),),
+        quantile_fraction=0.25,
+        resample_probability=0.0,
+        sign=sign,
+    )
+    state = LearnerState({"w": jnp.arange(4.0)}, (), jnp.zeros(4, jnp.int32), jnp.zeros(4))
+    carry = TrainCarry(state, (), (), ())
+    hparams = {"lr": jnp.asarray([0.1, 0.2, 0.3, 0.4])}
+    interval = program.interval_function(updates, plan)
+    return interval(
+        carry, hparams, jnp.full(4, jnp.nan), jax.random.key(0), jnp.zeros((1, 2)), True
+    )
+
+
+@pytest.mark.parametrize("sign, copier, donor", [(1.0, 0, 3), (-1.0, 3, 0)])
+def test_mode_decides_who_copies_whom(sign, copier, donor):
+    # Regression caught: the mode's sign dropped or flipped (mode="min" ranked as "max").
+    carry, _, _, _, _, lineage = _fake_interval(sign)
+    assert np.asarray(lineage.copied).tolist() == [i == copier for i in range(4)]
+    assert int(lineage.source[copier]) == donor
+    assert float(carry.state.params["w"][copier]) == donor
+
+
+def test_no_one_is_copied_before_the_burn_in_ends():
+    # Regression caught: exploit_now (the burn-in) ignored.
+    _, _, _, _, _, lineage = _fake_interval(1.0, exploit_now=False)
+    assert not np.asarray(lineage.copied).any()
