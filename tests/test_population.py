@@ -232,7 +232,7 @@ def _fake_interval(sign: float, exploit_now: bool = True):
     hparams = {"lr": jnp.asarray([0.1, 0.2, 0.3, 0.4])}
     interval = program.interval_function(updates, plan)
     return interval(
-        carry, hparams, jnp.full(4, jnp.nan), jax.random.key(0), jnp.zeros((1, 2)), True
+        carry, hparams, jnp.full(4, jnp.nan), jax.random.key(0), jnp.zeros((1, 2)), exploit_now
     )
 
 
