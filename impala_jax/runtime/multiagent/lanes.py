@@ -120,7 +120,8 @@ class AgentLanes:
 
     def requests(self) -> list[tuple[int, Any, int, np.ndarray]]:
         """``(env_index, agent_id, policy_index, obs)`` for every agent that must act now: by env
-        index, then in the order of that env's last obs dict."""
+        index, then in the order of that env's last obs dict. ``obs`` is the lane's row (a
+        view, read-only by contract), as the lane stores it."""
         out = []
         for env_index, episode in enumerate(self._episodes):
             if episode is None or episode.ended:
@@ -361,7 +362,6 @@ class AgentLanes:
 
     def _end(self, episode: _Episode) -> None:
         episode.ended = True
-        episode.to_act.clear()
         self._ended.append(
             EndedEpisode(
                 env_return=float(sum(episode.returns.values())),
