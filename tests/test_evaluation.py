@@ -206,13 +206,15 @@ def test_parallel_auto_evaluates_while_training_and_as_long():
         result = algo.train()
     evaluation = result["evaluation"]["env_runners"]
     assert evaluation["num_env_steps_sampled"] > 0 and evaluation["num_episodes"] > 0
-    # Steps in the order they were taken: "auto" evaluates until training's last step. How the
-    # two threads interleave before that is the scheduler's (all of training's steps may come
-    # first); test_auto_evaluates_until_training_is_done_and_no_longer fixes the order with
-    # events.
+    # Steps in the order they were taken: "auto" evaluates while the training step runs, past
+    # the middle of its steps. Not necessarily past its last one: the training step ends
+    # after its last env step (the update, the fetch), and on a loaded machine the evaluation
+    # thread may take no step in that time (CI, 2026-12-07). How the threads interleave is
+    # the scheduler's; test_auto_evaluates_until_training_is_done_and_no_longer fixes the
+    # order with events.
     train_i = [i for i, is_eval in enumerate(STEPS) if not is_eval]
     eval_i = [i for i, is_eval in enumerate(STEPS) if is_eval]
-    assert train_i and eval_i[-1] > train_i[-1]
+    assert train_i and eval_i[-1] > train_i[len(train_i) // 2]
 
 
 @pytest.mark.timeout(120)
