@@ -209,6 +209,34 @@ def test_set_params_replaces_one_policy_and_checks_its_shapes():
         stack.set_params(3, new)
 
 
+@pytest.mark.timeout(120)
+def test_state_arrays_restore_every_policy_and_its_replay_slots():
+    batch = stacked([random_batch(i) for i in range(2)])
+    stack = make_stack(2, replay=True)
+    stack.update(stack.put_batch(batch), 0, np.ones(2, bool))
+    saved, saved_replay = stack.state_arrays()
+    other = PolicyStackLearner(
+        NETWORKS,
+        make_distribution(ACT),
+        OptimizerSpec(lr=1e-2),
+        LOSS,
+        step_spec(replay=True),
+        jax.devices()[:1],
+        list(jax.random.split(jax.random.key(99), 2)),
+        example=lambda params: random_batch(0),
+    )
+    other.load_state_arrays(saved, saved_replay)
+    for x, y in zip(saved + saved_replay, host_state(other), strict=True):
+        np.testing.assert_array_equal(x, y)
+    # Both continue alike: the restored key and slots are the ones the next step reads.
+    stack.update(stack.put_batch(batch), 100, np.ones(2, bool))
+    other.update(other.put_batch(batch), 100, np.ones(2, bool))
+    for x, y in zip(host_state(stack), host_state(other), strict=True):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(ValueError, match="do not match"):
+        make_stack(3).load_state_arrays(saved, None)
+
+
 @pytest.mark.timeout(300)
 def test_the_stored_program_gives_the_plain_programs_updates(tmp_path, monkeypatch):
     from impala_jax.runtime.learning import program_cache

@@ -156,7 +156,7 @@ class PolicyStackLearner:
                 "host batch of one policy, for the replay slots' shapes."
             )
         self.num_policies = len(keys)
-        self._hparams_host = check_hparams(hparams, self.num_policies, opt_spec, loss_spec)
+        hparams = check_hparams(hparams, self.num_policies, opt_spec, loss_spec)
         # One policy's Learner, without a state: its per-device step, mesh and initial state
         # function, and init_group for the stacked state and slots.
         self._learner = Learner(
@@ -177,7 +177,7 @@ class PolicyStackLearner:
         self._host_batches = len(devices) == 1 and devices[0].platform == "cpu"
         self._host_batches &= jax.process_count() == 1
         self._multiprocess = not NamedSharding(learner.mesh, P()).is_fully_addressable
-        self._hparams = parallel.put(self._hparams_host, learner.mesh, parallel.REPLICATED)
+        self._hparams = parallel.put(hparams, learner.mesh, parallel.REPLICATED)
         self._program = self._make_program()
 
     def _make_program(self):
