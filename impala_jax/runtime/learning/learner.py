@@ -172,7 +172,10 @@ class Learner:
         split over the mesh's devices behind it."""
         replicated = NamedSharding(self.mesh, parallel.REPLICATED)
         init = jax.jit(jax.vmap(self.init_state), out_shardings=(replicated, None))
-        self.state, replay_keys = init(jnp.stack(keys))
+        keys = jnp.stack(keys)
+        # Compiled as a run's own initial state is: each member starts from its params bit for
+        # bit (XLA's backend optimizations round an initializer's last bit differently).
+        self.state, replay_keys = init.lower(keys).compile(FAST_COMPILE)(keys)
         if self.step_spec.replay_columns:
             slots = [self.replay_slots(k, example) for k in replay_keys]
             slots = jax.tree.map(lambda *xs: jnp.stack(xs), *slots)
