@@ -66,10 +66,10 @@ CONFIG_CASES = [
         ["enable_rl_module_and_learner", "old API stack"],
     ),
     (
-        "multi_agent_policies",
-        lambda: small_config().multi_agent(policies={"p0", "p1"}),
-        NotImplementedError,
-        ["multi_agent", "policies", "multi-agent"],
+        "multi_agent_policies_to_train",
+        lambda: small_config().multi_agent(policies={"p0"}, policies_to_train=["p1"]).validate(),
+        ValueError,
+        ["policies_to_train", "p1", ".multi_agent(policies_to_train=...)"],
     ),
     (
         "rllib_keyword_not_offered",

@@ -213,6 +213,10 @@ DIFFERENT_DEFAULTS = {
     "framework": ("jax", "torch"),
     "model_config": (dict(DEFAULT_MODEL_CONFIG), {}),
     "callbacks_class": (None, "ray.rllib.callbacks.callbacks.RLlibCallback"),
+    # RLlib stores a PolicySpec (a 4-tuple in to_dict) and its default mapping function; None
+    # means the same here (rllib/multi_agent.py).
+    "policies": ({"default_policy": None}, {"default_policy": (None, None, None, None)}),
+    "policy_mapping_fn": (None, "DEFAULT_POLICY_MAPPING_FN"),
 }
 # impala_jax's own fields (docs/config.md), which RLlib does not have; the loss coefficients say
 # so in their declaration (core/loss_spec.py).
@@ -231,7 +235,9 @@ def rllib_fresh() -> dict:
 def _rllib_value(rllib_fresh: dict, key: str):
     key = RLLIB_KEY.get(key, f"callbacks_{key}" if key.startswith("on_") else key)
     value = rllib_fresh[key]
-    return f"{value.__module__}.{value.__qualname__}" if isinstance(value, type) else value
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    return value.__name__ if callable(value) else value
 
 
 def test_tables_are_the_installed_rllibs_defaults(rllib_fresh):

@@ -44,6 +44,7 @@ from tests.fake_envs import SeededFault, make_return_env
 from tests.test_algorithm import small_config
 
 REPO = Path(__file__).resolve().parents[1]
+MULTI_AGENT_TEST = "tests/test_multi_agent.py"
 
 
 @dataclasses.dataclass
@@ -401,6 +402,20 @@ FIELDS: dict[str, Any] = {
     "framework": Accepted("torch", "RLlib scripts name their framework; impala_jax runs JAX"),
     "enable_rl_module_and_learner": Error(False),
     "enable_env_runner_and_connector_v2": Error(False),
+    # .multi_agent() (tests/test_multi_agent.py)
+    "policies": Covered(f"{MULTI_AGENT_TEST}::test_two_policies_train_with_rllib_result_keys"),
+    "policy_mapping_fn": Covered(f"{MULTI_AGENT_TEST}::test_one_shared_policy_over_every_agent"),
+    "policies_to_train": Covered(
+        f"{MULTI_AGENT_TEST}::test_a_policy_not_in_policies_to_train_never_changes"
+    ),
+    "count_steps_by": Covered(f"{MULTI_AGENT_TEST}::test_runner_threads_and_agent_step_counting"),
+    "policy_map_capacity": Accepted(
+        10, "RLlib's cache of policies held in memory; here every policy is on the device"
+    ),
+    "policy_states_are_swappable": Accepted(
+        True, "RLlib's policy-cache hint; here every policy is on the device"
+    ),
+    "observation_fn": Error(_hook),
     # .callbacks()
     "callbacks_class": Covered("tests/test_callbacks.py::test_per_event_callables_and_class_list"),
     "on_algorithm_init": Covered(CALLBACKS_TEST),

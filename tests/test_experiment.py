@@ -233,8 +233,6 @@ def test_rllib_example_script_loads_with_its_own_arguments(monkeypatch):
 
 
 def test_rllib_example_script_argument_errors(capsys):
-    with pytest.raises(RunError, match="--num-agents=2: multi-agent is not supported"):
-        experiment.load_experiment(EXAMPLE, ["--num-agents=2"])
     with pytest.raises(RunError, match=r"use impala_jax.run's --checkpoint-freq"):
         experiment.load_experiment(EXAMPLE, ["--checkpoint-freq=5"])
     with pytest.raises(RunError, match="exited with status 2.*after `--`"):

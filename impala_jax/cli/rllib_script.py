@@ -15,7 +15,6 @@ _EXAMPLE_ARG_MARKERS = ("stop_reward", "stop_iters", "stop_timesteps", "num_env_
 # default, so no argument is silently dropped.
 _EXAMPLE_ARGS_WITHOUT_COUNTERPART = {
     "framework": "impala_jax runs JAX only",
-    "num_agents": "multi-agent is not supported",
     "output": "offline data output is not supported",
     "old_api_stack": "there is one API stack here",
     "local_mode": "RLlib no longer supports it either",

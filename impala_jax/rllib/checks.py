@@ -20,6 +20,7 @@ from impala_jax.rllib.compat_tables import NOT_HERE
 from impala_jax.rllib.device_checks import check_device_fields
 from impala_jax.rllib.model_config_checks import model_config_problems
 from impala_jax.rllib.module_spec import rl_module_spec_problem
+from impala_jax.rllib.multi_agent_checks import check_multi_agent_fields
 from impala_jax.rllib.setter_checks import FRAMEWORKS, callbacks_class_problem
 from impala_jax.rllib.values import find_search_space, is_int, is_real, is_schedule
 
@@ -117,6 +118,7 @@ class _Validator:
         self._rest()
         self._not_here()
         check_device_fields(self)
+        check_multi_agent_fields(self)
         if self.errors:
             raise ValueError("Invalid IMPALAConfig:\n  " + "\n  ".join(self.errors))
 

@@ -189,10 +189,6 @@ class RLlibBuilders:
         return self.to_dict().values()
 
     @property
-    def is_multi_agent(self) -> bool:
-        return False  # multi_agent() accepts only RLlib's single-agent defaults
-
-    @property
     def is_online(self) -> bool:
         return True
 
@@ -231,10 +227,6 @@ class RLlibBuilders:
                 "runs JAX (jax.jit on JAX's default backend: the GPU when present, else the CPU)."
             )
         return self._set(locals(), "framework")
-
-    def multi_agent(self, **rllib_kwargs: Any) -> Any:
-        """RLlib's multi-agent settings: not offered (impala_jax trains one policy)."""
-        return self._set({"rllib_kwargs": rllib_kwargs}, "multi_agent")
 
     def offline_data(self, **rllib_kwargs: Any) -> Any:
         """RLlib's offline input/output settings: not offered."""

@@ -166,16 +166,6 @@ UNSUPPORTED: dict[str, dict[str, tuple[Any, str]]] = {
         torch_ddp_kwargs={},
         torch_skip_nan_gradients=False,
     ),
-    "multi_agent": _feature(
-        "multi-agent training is not offered: impala_jax trains one policy",
-        policies=RLLIB_OBJECT,
-        policy_map_capacity=100,
-        policy_mapping_fn=RLLIB_OBJECT,
-        policies_to_train=None,
-        policy_states_are_swappable=False,
-        observation_fn=None,
-        count_steps_by="env_steps",
-    ),
     "offline_data": _feature(
         "offline RL (reading or writing recorded experiences) is not offered",
         input_="sampler",
@@ -397,7 +387,7 @@ RLLIB_ONLY_ATTRIBUTES: frozenset[str] = frozenset(
     always_attach_evaluation_results auto_wrap_old_gym_envs broadcast_env_runner_states
     broadcast_offline_eval_runner_states buffer_size build_env_to_module_connector build_learner
     build_learner_connector build_learner_group build_module_to_env_connector
-    collect_metrics_timeout count_steps_by create_env_on_local_worker create_local_env_runner
+    collect_metrics_timeout create_env_on_local_worker create_local_env_runner
     custom_async_evaluation_function custom_resources_for_main_process
     custom_resources_per_env_runner custom_resources_per_learner
     custom_resources_per_offline_eval_runner custom_resources_per_worker
@@ -420,17 +410,15 @@ RLLIB_ONLY_ATTRIBUTES: frozenset[str] = frozenset(
     max_requests_in_flight_per_offline_eval_runner merge_env_runner_states
     metrics_episode_collection_timeout_s min_iter_time_s model monitor
     num_cpus_per_offline_eval_runner num_gpus_per_offline_eval_runner num_offline_eval_runners
-    observation_fn off_policy_estimation_methods offline_data_class
-    offline_eval_batch_size_per_runner offline_eval_rl_module_inference_only
-    offline_eval_runner_class offline_eval_runner_health_probe_timeout_s
-    offline_eval_runner_restore_timeout_s offline_evaluation_duration
-    offline_evaluation_interval offline_evaluation_parallel_to_training
-    offline_evaluation_timeout_s offline_evaluation_type offline_loss_for_module_fn
-    offline_sampling ope_split_batch_by_episode optimizer output output_compress_columns
-    output_config output_filesystem output_filesystem_kwargs output_max_file_size
-    output_max_rows_per_file output_write_episodes output_write_method
-    output_write_method_kwargs output_write_remaining_data overrides policies policies_to_train
-    policy_map_cache policy_map_capacity policy_mapping_fn policy_states_are_swappable pop
+    off_policy_estimation_methods offline_data_class offline_eval_batch_size_per_runner
+    offline_eval_rl_module_inference_only offline_eval_runner_class
+    offline_eval_runner_health_probe_timeout_s offline_eval_runner_restore_timeout_s
+    offline_evaluation_duration offline_evaluation_interval
+    offline_evaluation_parallel_to_training offline_evaluation_timeout_s offline_evaluation_type
+    offline_loss_for_module_fn offline_sampling ope_split_batch_by_episode optimizer output
+    output_compress_columns output_config output_filesystem output_filesystem_kwargs
+    output_max_file_size output_max_rows_per_file output_write_episodes output_write_method
+    output_write_method_kwargs output_write_remaining_data overrides policy_map_cache pop
     postprocess_inputs prelearner_buffer_class prelearner_buffer_kwargs prelearner_class
     prelearner_module_synch_period prelearner_use_recorded_module_states preprocessor_pref
     prioritized_replay prioritized_replay_alpha prioritized_replay_beta prioritized_replay_eps

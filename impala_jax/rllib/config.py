@@ -184,6 +184,16 @@ class IMPALAConfig(RLlibBuilders):
         self.env_runner_health_probe_timeout_s = 30.0  # not supported yet: others ValueError
         self.env_runner_restore_timeout_s = 1800.0  # not supported yet: others ValueError
 
+        # .multi_agent() (rllib/multi_agent.py): RLlib's values. One policy "default_policy"
+        # that every agent maps to is the single-agent setup; anything else is multi-agent.
+        self.policies = {"default_policy": None}  # ids, or {id: None | PolicySpec | 4-tuple}
+        self.policy_mapping_fn = None  # fn(agent_id, episode, **kw) -> id; None: "default_policy"
+        self.policies_to_train = None  # None: all; or the ids that update (the rest only act)
+        self.count_steps_by = "env_steps"  # what train_batch_size counts: env or agent steps
+        self.policy_map_capacity = 100  # RLlib's policy cache; every policy is held here: no effect
+        self.policy_states_are_swappable = False  # RLlib's policy-cache hint: no effect here
+        self.observation_fn = None  # RLlib's old-stack observation function: others ValueError
+
         # .checkpointing()
         self.export_native_model_files = False  # also write params as a flax msgpack file
         self.checkpoint_trainable_policies_only = False  # one policy: True is a ValueError
@@ -325,6 +335,34 @@ class IMPALAConfig(RLlibBuilders):
         action_space) -> impala_jax.core.networks.Networks`` or its import path ``"pkg.mod:fn"``.
         """
         return self._set(locals(), "rl_module")
+
+    def multi_agent(
+        self,
+        *,
+        policies=NotProvided,
+        policy_map_capacity=NotProvided,
+        policy_mapping_fn=NotProvided,
+        policies_to_train=NotProvided,
+        policy_states_are_swappable=NotProvided,
+        observation_fn=NotProvided,
+        count_steps_by=NotProvided,
+        **rllib_kwargs,
+    ) -> IMPALAConfig:
+        """Several policies in one run (RLlib's ``multi_agent``, rllib/multi_agent.py):
+        ``policies`` a set of ids or ``{id: None | PolicySpec | (cls, obs_space, act_space,
+        config)}``, ``policy_mapping_fn(agent_id, episode, **kwargs) -> id`` called at each
+        agent's first step of an episode, ``policies_to_train`` the ids that update."""
+        if isinstance(policies, set | frozenset | list | tuple):
+            policies = {pid: None for pid in policies}  # RLlib: {id: PolicySpec()}
+        return self._set(locals(), "multi_agent")
+
+    @property
+    def is_multi_agent(self) -> bool:
+        """RLlib's rule: more than one policy, or one whose id is not "default_policy"."""
+        policies = self._raw("policies")
+        return isinstance(policies, Mapping) and (
+            len(policies) > 1 or "default_policy" not in policies
+        )
 
     def evaluation(
         self,
@@ -608,7 +646,8 @@ class IMPALAConfig(RLlibBuilders):
         return new
 
     def build(self) -> Any:
-        """Validates, freezes a copy and returns ``IMPALA(frozen_copy)``."""
+        """Validates, freezes a copy and returns ``IMPALA(frozen_copy)`` (``MultiAgentIMPALA``
+        for a multi-agent config, rllib/multi_agent.py)."""
         try:
             self._check_buildable()
         except ValueError as err:
@@ -616,7 +655,9 @@ class IMPALAConfig(RLlibBuilders):
         self._log_effective_batch()
         frozen = self.copy(copy_frozen=True)
         algo_class = self.algo_class
-        if algo_class is None:
+        if algo_class is None and self.is_multi_agent:  # rllib/multi_agent.py
+            from impala_jax.rllib.multi_agent import MultiAgentIMPALA as algo_class
+        elif algo_class is None:
             from impala_jax.rllib.algorithm import IMPALA as algo_class
         return algo_class(frozen)
 
@@ -712,6 +753,7 @@ _BUILDERS = (
     "debugging",
     "callbacks",
     "resources",
+    "multi_agent",
 )
 _FIELD_TO_BUILDER: dict[str, str] = {}
 for _builder in _BUILDERS:

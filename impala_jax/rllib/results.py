@@ -84,18 +84,21 @@ def train_result(
         "num_module_steps_trained": trained,
         "num_module_steps_trained_lifetime": num_env_steps_trained_lifetime,
     }
-    learner.update(
-        module_steps,
-        num_env_steps_trained=trained,
-        num_updates_lifetime=num_updates_lifetime,
-        default_optimizer_learning_rate=read_metric(learner, "curr_lr", float("nan")),
-        effective_train_batch_size_per_learner=batch_size_per_learner,
-        effective_total_train_batch_size=total_batch_size,
-    )
+    # One module's metrics, or a multi-agent run's {module id: metrics} (rllib/multi_agent.py).
+    modules = learner if learner and all(isinstance(v, dict) for v in learner.values()) else None
+    for metrics in (modules or {"default_policy": learner}).values():
+        metrics.update(
+            module_steps,
+            num_env_steps_trained=trained,
+            num_updates_lifetime=num_updates_lifetime,
+            default_optimizer_learning_rate=read_metric(metrics, "curr_lr", float("nan")),
+            effective_train_batch_size_per_learner=batch_size_per_learner,
+            effective_total_train_batch_size=total_batch_size,
+        )
     return {
         "env_runners": env_runners,
         "learners": {
-            "default_policy": learner,
+            **(modules or {"default_policy": learner}),
             "__all_modules__": dict(
                 module_steps,
                 num_env_steps_trained=trained,

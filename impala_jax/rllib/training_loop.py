@@ -90,6 +90,15 @@ class TrainingLoop:
         # Process 0 decides, so every process runs the same number of updates.
         return bool(collectives.broadcast(np.bool_(done), "process 0's end of iteration"))
 
+    def _learner_results(self, fetched: dict) -> list[dict]:
+        """Each member's learner metrics as floats, from the fetched ones (a leading member
+        axis in a group)."""
+        members = self.engine.members
+        return [
+            {k: float(np.reshape(v, members)[i]) for k, v in fetched.items()}
+            for i in range(members)
+        ]
+
     def _check_learner(self, learners: list[dict]) -> None:
         """Called with each member's learner metrics as soon as they are fetched (and
         ``_early_learners`` holds each member's first updates' metrics fetched so far)."""
@@ -114,17 +123,11 @@ class TrainingLoop:
             fetched, early = jax.device_get((self._last_learner_metrics, self._early_pending))
         self._early_pending = []
         self.engine.end_iteration()
-        members = self.engine.members
-
-        def per_member(metrics: dict) -> list[dict]:
-            return [
-                {k: float(np.reshape(v, members)[i]) for k, v in metrics.items()}
-                for i in range(members)
-            ]
-
-        learners = per_member(fetched)
+        learners = self._learner_results(fetched)
         for metrics in early:
-            for kept, member in zip(self._early_learners, per_member(metrics), strict=True):
+            for kept, member in zip(
+                self._early_learners, self._learner_results(metrics), strict=True
+            ):
                 kept.append(member)
         self._check_learner(learners)
         elapsed = time.perf_counter() - started

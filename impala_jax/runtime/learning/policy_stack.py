@@ -261,6 +261,10 @@ class PolicyStackLearner:
         (metrics,) = self._learner.run(self._program, batch, env_steps, train, self._hparams)
         return metrics
 
+    def wait_for_warm_up(self) -> None:
+        """As ``Learner``'s (the stacked program compiles at its first call)."""
+        self._learner.wait_for_warm_up()
+
     def get_params(self):
         """Every policy's params as host arrays, each leaf with the leading ``[M]`` axis."""
         return jax.device_get(self.state.params)
