@@ -181,3 +181,87 @@ def test_rllib_tuned_multi_agent_example_runs_with_its_import_swapped(tmp_path):
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("num_env_runners", [0, 1])
+def test_result_keys_are_the_schemas_and_pass_rllibs_check(num_env_runners):
+    """RLlib's own check of a new-stack result (ray.rllib.utils.test_utils), and the CLI's
+    schema of what train() reports (cli/result_schema.py), on real multi-agent results."""
+    from ray.rllib.utils.test_utils import check_train_results_new_api_stack
+
+    from impala_jax.cli import result_schema
+    from impala_jax.rllib.results import flatten
+
+    config = ma_config(num_env_runners=num_env_runners)
+    schema = result_schema.result_schema(config)
+    with config.build() as algo:
+        results = [algo.train() for _ in range(2)]
+    for result in results:
+        check_train_results_new_api_stack(result)
+    keys = set(flatten(results[0])) | set(flatten(results[1]))
+    assert sorted(k for k in keys if not schema.known(k)) == []
+    not_yet = schema.episode_keys | schema.optional_keys
+    assert sorted(schema.keys - keys - not_yet) == []
+    assert "env_runners/module_episode_returns_mean/p1" in keys
+    assert "env_runners/agent_episode_returns_mean/1" in keys
+
+
+def _state(algo):
+    arrays, replay = algo.learner.state_arrays()
+    return arrays + replay
+
+
+def test_save_restore_round_trips_every_policy_bit_for_bit(tmp_path):
+    from impala_jax.rllib.algorithm import IMPALA
+
+    config = ma_config().training(replay_proportion=1.0, replay_buffer_num_slots=16)
+    with config.build() as algo:
+        algo.train()
+        saved = algo.save(tmp_path / "ckpt").checkpoint.path
+        before = _state(algo)
+    assert len(before) > 4
+    with config.build() as fresh:
+        fresh.restore(saved)
+        for a, b in zip(before, _state(fresh), strict=True):
+            np.testing.assert_array_equal(a, b)
+    mapping = config.policy_mapping_fn
+    # RLlib's MultiAgentCartPole is a class made inside a function: passed back, as the
+    # mapping lambda.
+    env = MultiAgentCartPole
+    with pytest.raises(ValueError, match="policy_mapping_fn=fn"):
+        IMPALA.from_checkpoint(saved, env=env)
+    with IMPALA.from_checkpoint(saved, env=env, policy_mapping_fn=mapping) as restored:
+        assert isinstance(restored, MultiAgentIMPALA)
+        for a, b in zip(before, _state(restored), strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert np.isfinite(restored.train()["learners"]["p0"]["total_loss"])
+    # Another policy set, or a single-agent algorithm: a clear error naming both sets.
+    other = ma_config(num_agents=3)
+    with other.build() as algo, pytest.raises(ValueError, match=r"\['p0', 'p1'\]"):
+        algo.restore(saved)
+    from tests.test_algorithm import small_config
+
+    with small_config().build() as single, pytest.raises(ValueError, match="p0"):
+        single.restore(saved)
+
+
+def test_a_mapping_output_that_is_no_policy_id_names_the_agent():
+    config = ma_config().multi_agent(policy_mapping_fn=lambda agent_id, episode, **kw: 5)
+    with pytest.raises(ValueError, match="returned 5 for agent 0"):
+        config.build()
+
+
+def test_episode_callbacks_are_an_error_and_algorithm_hooks_run():
+    from impala_jax.rllib.callbacks import RLlibCallback
+
+    class EpisodeEnd(RLlibCallback):
+        def on_episode_end(self, **kwargs):
+            pass
+
+    with pytest.raises(ValueError, match="on_episode_end of multi-agent runs"):
+        ma_config().callbacks(EpisodeEnd).build()
+    seen = []
+    config = ma_config().callbacks(on_train_result=lambda **kw: seen.append(kw["result"]))
+    with config.build() as algo:
+        algo.train()
+    assert seen and "p0" in seen[0]["learners"]

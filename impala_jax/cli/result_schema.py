@@ -93,6 +93,17 @@ RUNNER_TIMERS = ("inference", "env_send", "env_recv")
 THREADED_TIMERS = ("queue_put_wait", "stack", "transfer", "learner_wait")
 LOCKSTEP_TIMERS = ("transfer",)
 LEARNER_TIMERS = ("learner_dispatch", "broadcast")
+# A multi-agent run's engine (runtime/multiagent/engine.py): it waits for its runners' steps
+# and lays out the [M, T, C] batch; its runners are not timed by stage.
+MULTI_AGENT_TIMERS = ("sample_wait", "batch")
+MULTI_AGENT_FAULT_TOLERANCE_KEYS = (
+    "num_healthy_workers",
+    "num_remote_worker_restarts",
+    "num_dropped_columns",
+)
+# Per module (policy id) and per agent: RLlib's multi-agent episode means, after an episode.
+MODULE_RETURNS = "env_runners/module_episode_returns_mean/"
+AGENT_RETURNS = "env_runners/agent_episode_returns_mean/"
 ITERATION_TIMERS = ("learner_fetch",)
 # Callbacks (impala_jax.rllib.callbacks) log where RLlib's do: episode hooks under env_runners/
 # (evaluation/env_runners/ for evaluation episodes); algorithm-level hooks get the algorithm's
@@ -139,20 +150,29 @@ def result_schema(config) -> ResultSchema:
         + ITERATION_TIMERS
     )
     module_keys = LEARNER_COUNT_KEYS + (LEARNER_KEYS if learns else ())
-    optional = {f"learners/default_policy/{k}" for k in (OPTIONAL_LEARNER_KEYS if learns else ())}
+    modules = list(config.policies) if config.is_multi_agent else ["default_policy"]
+    fault_keys = FAULT_TOLERANCE_KEYS
+    open_prefixes: tuple[str, ...] = (CONFIG_PREFIX, "fault_tolerance/non_finite_fragments_by_env/")
     episodes = {f"env_runners/{k}" for k in EPISODE_KEYS}
+    if config.is_multi_agent:  # rllib/multi_agent.py
+        timers = MULTI_AGENT_TIMERS + LEARNER_TIMERS + ITERATION_TIMERS
+        fault_keys = MULTI_AGENT_FAULT_TOLERANCE_KEYS
+        episodes |= {f"{MODULE_RETURNS}{m}" for m in modules}
+        open_prefixes += (AGENT_RETURNS,)  # the env's agent ids
+    optional = {
+        f"learners/{m}/{k}" for m in modules for k in (OPTIONAL_LEARNER_KEYS if learns else ())
+    }
     keys = (
         set(TOP_LEVEL_KEYS)
         | episodes
         | {f"env_runners/{k}" for k in ENV_RUNNER_KEYS}
-        | {f"learners/default_policy/{k}" for k in module_keys}
+        | {f"learners/{m}/{k}" for m in modules for k in module_keys}
         | {f"learners/__all_modules__/{k}" for k in ALL_MODULES_KEYS}
         | {f"timers/{k}_s" for k in timers}
         | {f"perf/{k}" for k in PERF_KEYS + (SYS_USAGE_KEYS if config.log_sys_usage else ())}
-        | {f"fault_tolerance/{k}" for k in FAULT_TOLERANCE_KEYS}
+        | {f"fault_tolerance/{k}" for k in fault_keys}
     )
     evaluation: set[str] = set()
-    open_prefixes: tuple[str, ...] = (CONFIG_PREFIX, "fault_tolerance/non_finite_fragments_by_env/")
     if config.evaluation_interval:
         if config.custom_evaluation_function is not None:
             open_prefixes += ("evaluation/",)

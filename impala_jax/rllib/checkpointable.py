@@ -61,6 +61,7 @@ class Checkpointable:
                 "num_env_steps_trained_lifetime": self._env_steps_trained,
                 "num_updates_lifetime": self._num_updates,
                 "num_episodes_lifetime": self._episodes[0].num_episodes_lifetime,
+                **({"policy_ids": self.policy_ids} if hasattr(self, "policy_ids") else {}),
             },
             "episodes": self._episodes[0].get_state(),
         }
@@ -68,6 +69,14 @@ class Checkpointable:
     def set_state(self, state: dict) -> None:
         """Learner state, counters and the episode window; the runners then sample with the
         restored params only (fragments and episodes begun before are dropped)."""
+        saved = state["counters"].get("policy_ids")  # a multi-agent run's (multi_agent.py)
+        mine = getattr(self, "policy_ids", None)
+        if saved != mine:
+            raise ValueError(
+                f"the checkpoint holds the policies {saved or ['default_policy']}, this "
+                f"algorithm {mine or ['default_policy']}: restore it into an algorithm built "
+                "with the same multi_agent(policies=...), or with IMPALA.from_checkpoint(path)."
+            )
         self.learner.load_state_arrays(state["learner"], state.get("replay"))
         self.engine.restart_for_restore()
         c = state["counters"]
@@ -161,10 +170,12 @@ class Checkpointable:
         self.restore_from_path(checkpoint_path)
 
     @classmethod
-    def from_checkpoint(cls, path, *, env=None):
+    def from_checkpoint(cls, path, *, env=None, policy_mapping_fn=None):
         """Builds the checkpoint's config and restores its state. ``env`` replaces the
         checkpoint's env: needed when that was a lambda or local function, which a checkpoint
-        stores only by name (a name given to register_env must be registered again)."""
+        stores only by name (a name given to register_env must be registered again);
+        ``policy_mapping_fn`` replaces a multi-agent run's mapping function, for the same
+        reason."""
         from impala_jax.runtime.envs.env_registry import check_restorable
 
         path = checkpoint.path_of(path)
@@ -179,10 +190,31 @@ class Checkpointable:
             config["env"] = env
         else:
             check_restorable(config.get("env"), config.get("env_config"), f"checkpoint {path}")
+        config["policy_mapping_fn"] = _mapping_fn(
+            config.get("policy_mapping_fn"), policy_mapping_fn, path
+        )
         config_class = import_path(meta.get(CONFIG_CLASS_KEY, DEFAULT_CONFIG_CLASS))
         algo = config_class.from_dict(config).build()
         algo.restore(path)
         return algo
+
+
+def _mapping_fn(stored: Any, given: Any, path) -> Any:
+    """The multi-agent mapping function to rebuild with: ``given``, else the stored one's
+    import path resolved; a lambda or local function (stored by name only) must be given."""
+    if given is not None or stored is None:
+        return given
+    parts = split_import_path(stored) if isinstance(stored, str) else None
+    if parts is not None and "<" not in stored:
+        try:
+            return import_object(*parts)
+        except (ImportError, AttributeError):
+            pass
+    raise ValueError(
+        f"checkpoint {path} was trained with policy_mapping_fn={stored!r}, which a checkpoint "
+        "stores only by its import path (no pickled code), and which does not import here. Pass "
+        "it back: IMPALA.from_checkpoint(path, policy_mapping_fn=fn)."
+    )
 
 
 def _state_of(arrays: dict, meta: dict) -> dict:

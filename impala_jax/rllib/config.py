@@ -352,7 +352,11 @@ class IMPALAConfig(RLlibBuilders):
         ``policies`` a set of ids or ``{id: None | PolicySpec | (cls, obs_space, act_space,
         config)}``, ``policy_mapping_fn(agent_id, episode, **kwargs) -> id`` called at each
         agent's first step of an episode, ``policies_to_train`` the ids that update."""
-        if isinstance(policies, set | frozenset | list | tuple):
+        if isinstance(policies, set | frozenset):
+            # Sorted: a set's order changes with the process's string hashing, and a policy's
+            # index is its place in the stack (and in every checkpoint).
+            policies = sorted(policies, key=str)
+        if isinstance(policies, list | tuple):
             policies = {pid: None for pid in policies}  # RLlib: {id: PolicySpec()}
         return self._set(locals(), "multi_agent")
 

@@ -26,6 +26,7 @@ import numpy as np
 from impala_jax.core.policy import make_act_fns
 from impala_jax.rllib import specs
 from impala_jax.rllib.algorithm import IMPALA
+from impala_jax.rllib.callbacks import EPISODE_HOOKS
 from impala_jax.rllib.module import Actions, Module
 from impala_jax.runtime.acting.policy import make_policy
 from impala_jax.runtime.envs.vec_env import ActionAdapter
@@ -174,6 +175,13 @@ class MultiAgentIMPALA(IMPALA):
 
     def _build_engine(self, seed: int, actor_device, columns: int, actor_key) -> None:
         config = self.config
+        hooks = [h for h in EPISODE_HOOKS if self._callbacks.has(h)]
+        if hooks:  # a callbacks_class's methods (the per-event callables fail validate())
+            raise ValueError(
+                f"callbacks(callbacks_class=...): {', '.join(hooks)} of multi-agent runs are "
+                "not offered yet; the algorithm-level hooks (on_algorithm_init, "
+                "on_train_result, ...) are."
+            )
         obs_like = np.zeros(self.observation_space.shape, self.observation_space.dtype)
         action_like = np.zeros(
             self.action_space.shape, self.policy.action_dtype(self.learner.abstract_state.params)

@@ -227,7 +227,11 @@ class MultiAgentEngine:
             episode_metrics=metrics,
             timers=[self.timers.drain()],
             queue_size=self._out.qsize(),
-            fault_tolerance={"num_dropped_columns": self._dropped},
+            fault_tolerance={
+                "num_healthy_workers": sum(t.is_alive() for t in self._threads),
+                "num_remote_worker_restarts": 0,
+                "num_dropped_columns": self._dropped,
+            },
         )
 
     def restart_for_restore(self) -> None:
