@@ -265,3 +265,15 @@ def test_episode_callbacks_are_an_error_and_algorithm_hooks_run():
     with config.build() as algo:
         algo.train()
     assert seen and "p0" in seen[0]["learners"]
+
+
+def test_the_readme_multi_agent_example_runs():
+    text = (REPO / "README.md").read_text()
+    start = text.index("  ```python\n  from ray.rllib.examples.envs.classes.multi_agent")
+    block = text[start : text.index("  ```\n", start + 10)].split("\n", 1)[1]
+    code = "\n".join(line[2:] for line in block.splitlines())
+    quick = "IMPALAConfig().reporting(min_time_s_per_iteration=0)\n"
+    code = code.replace("IMPALAConfig()\n", quick)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert "p0" in scope["result"]["learners"] and int(scope["action"]) in (0, 1)

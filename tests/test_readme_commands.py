@@ -82,6 +82,9 @@ COMMANDS = {
     ".venv/bin/python -m impala_jax.run experiments/breakout_minatar_pbt.py": Check("run_stopped"),
     ".venv/bin/python -m impala_jax.run tests/rllib_examples/cartpole_impala.py -- "
     "--num-env-runners=2 --stop-reward=450": Check("run_stopped"),
+    ".venv/bin/python -m impala_jax.run tests/rllib_examples/multi_agent_cartpole_impala.py": (
+        Check("run_stopped")
+    ),
     # Ray Tune.
     '.venv/bin/pip install -e ".[tune]"': Check(
         "not_runnable",
