@@ -537,3 +537,29 @@ def test_a_bad_value_in_a_dict_param_space_fails_its_trial_naming_the_field(ray_
     assert "lr=-1.0: expected a float > 0" in message and ".training(lr=...)" in message
     (good,) = [r for r in grid if r.error is None]
     assert good.metrics["training_iteration"] == 1 and good.config["lr"] == 1e-3
+
+
+def _multi_agent_mapping(agent_id, episode, **kwargs):
+    return f"p{agent_id}"
+
+
+@pytest.mark.slow
+def test_a_multi_agent_sweep_reports_per_policy_results(ray_local, tmp_path):
+    """A grid over lr of RLlib's multi-agent CartPole (rllib/multi_agent.py), two policies per
+    trial: each trial's results carry RLlib's per-module keys."""
+    from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
+
+    config = (
+        small(lr=tune.grid_search([1e-3, 5e-4]))
+        .environment(MultiAgentCartPole, env_config={"num_agents": 2})
+        .multi_agent(policies={"p0", "p1"}, policy_mapping_fn=_multi_agent_mapping)
+    )
+    collect = _Collect()
+    grid = _run(tmp_path, config, collect=collect)
+    assert len(grid) == 2 and all(r.error is None for r in grid)
+    for rows in collect.rows.values():
+        learners = rows[-1]["learners"]
+        assert {"p0", "p1", "__all_modules__"} <= set(learners)
+        assert learners["p0"]["default_optimizer_learning_rate"] == pytest.approx(
+            rows[-1]["config"]["lr"]
+        )
