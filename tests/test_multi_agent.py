@@ -346,3 +346,57 @@ def test_a_pettingzoo_parallel_env_trains_through_the_same_path():
     # Random guessing pays 10/3 per agent an episode; both policies learn to read the target
     # (a reward credited to the wrong row or agent would leave them guessing).
     assert set(last) == {"a", "b"} and min(last.values()) > 9.0
+
+
+class _Crashing(MultiAgentCartPole):
+    """MultiAgentCartPole whose first instances crash at their 30th step (later ones, built by
+    a restart, do not)."""
+
+    made = 0
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        type(self).made += 1
+        self._crash_at = 30 if type(self).made <= 2 else None
+        self._steps = 0
+
+    def step(self, action_dict):
+        self._steps += 1
+        if self._steps == self._crash_at:
+            raise RuntimeError("env crashed by the test")
+        return super().step(action_dict)
+
+
+@pytest.mark.parametrize("num_env_runners", [0, 2])
+def test_a_crashed_runner_is_rebuilt_as_fault_tolerance_says(num_env_runners):
+    from impala_jax.runtime.acting.env_runner_group import EnvRunnerFailure
+
+    def config(**fault):
+        _Crashing.made = 0
+        return (
+            ma_config(num_env_runners=num_env_runners, num_envs_per_env_runner=1)
+            .environment(_Crashing)
+            .fault_tolerance(delay_between_env_runner_restarts_s=0, **fault)
+        )
+
+    with config().build() as algo:
+        results = [algo.train() for _ in range(3)]
+    assert results[-1]["fault_tolerance"]["num_remote_worker_restarts"] >= 1
+    assert np.isfinite(results[-1]["learners"]["p0"]["total_loss"])
+    with config(restart_failed_env_runners=False).build() as algo:
+        with pytest.raises(EnvRunnerFailure, match="env crashed by the test"):
+            for _ in range(3):
+                algo.train()
+
+
+def test_ignoring_a_failed_runner_trains_on_with_the_others():
+    _Crashing.made = 0  # the probe env (made first), then runner 0's env, which crashes
+    config = (
+        ma_config(num_env_runners=2, num_envs_per_env_runner=1)
+        .environment(_Crashing)
+        .fault_tolerance(restart_failed_env_runners=False, ignore_env_runner_failures=True)
+    )
+    with config.build() as algo:
+        results = [algo.train() for _ in range(3)]
+    assert results[-1]["fault_tolerance"]["num_healthy_workers"] == 1
+    assert np.isfinite(results[-1]["learners"]["p1"]["total_loss"])

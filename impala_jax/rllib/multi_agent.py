@@ -218,12 +218,12 @@ class MultiAgentIMPALA(IMPALA):
             else self._base_columns * self.learner.num_devices * self._T,
             count_steps_by=config.count_steps_by,
             train=trained(config, self.policy_ids),
-            sample_timeout_s=float(config.sample_timeout_s or 60.0),
             window=config.metrics_num_episodes_for_smoothing,
             max_queued_columns=2 * columns,
         )
+        fault = specs.fault_tolerance_spec(config)
         self.engine = MultiAgentEngine(
-            spec, make_sampler, self.learner, actor_device, self.policy_ids
+            spec, fault, make_sampler, self.learner, actor_device, self.policy_ids
         )
         self.param_store = self.engine.param_store
         self._views = {

@@ -108,6 +108,10 @@ _SINGLE_AGENT_ONLY = {
     "_skip_learners": (False, "multi-agent runs always train"),
     "minibatch_buffer_size": (1, "the host minibatch buffer holds single-agent batches"),
     "policy_lag": (None, "policy_lag is for on-device runs"),
+    "restart_failed_sub_environments": (
+        False,
+        "a failed multi-agent runner is rebuilt whole (restart_failed_env_runners)",
+    ),
 }
 
 

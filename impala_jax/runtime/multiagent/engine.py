@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -22,9 +23,12 @@ import numpy as np
 
 from impala_jax.core.types import Trajectory
 from impala_jax.runtime.acting.env_runner import ParamStore
+from impala_jax.runtime.acting.env_runner_group import EnvRunnerFailure, FaultToleranceSpec
 from impala_jax.runtime.engine import Report, Update
 from impala_jax.runtime.metrics import Timers
 from impala_jax.runtime.multiagent.sampler import MultiAgentSampler, StepOutput
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +41,6 @@ class MultiAgentSpec:
     batch_steps: int  # steps sampled per update, counted by count_steps_by
     count_steps_by: str  # "env_steps" or "agent_steps"
     train: tuple[bool, ...]  # per policy: updated (policies_to_train) or only acting
-    sample_timeout_s: float  # a runner silent this long fails the run
     window: int  # episodes in the per-module and per-agent return means
     max_queued_columns: int  # per policy; older columns beyond it are dropped (counted)
 
@@ -46,8 +49,8 @@ class MultiAgentSpec:
 _MAX_BATCHES_WITHOUT_COLUMN = 100
 
 
-class RunnerFailure(RuntimeError):
-    """A multi-agent runner raised; the run stops with its error."""
+class _Retired(Exception):
+    """A failed runner left to itself: ``ignore_env_runner_failures`` and others run on."""
 
 
 class MultiAgentEngine:
@@ -60,20 +63,25 @@ class MultiAgentEngine:
     def __init__(
         self,
         spec: MultiAgentSpec,
+        fault_spec: FaultToleranceSpec,
         make_sampler: Callable[[int], MultiAgentSampler],
         learner,
         actor_device,
         module_names: list[str],
     ):
-        self.spec, self.learner = spec, learner
+        self.spec, self.fault_spec, self.learner = spec, fault_spec, learner
         self.module_names = module_names
         self.param_store = ParamStore(learner.state.params, actor_device)
         self.timers = Timers()
+        self._make_sampler = make_sampler
         self._samplers = [make_sampler(i) for i in range(max(1, spec.num_env_runners))]
         self._out: queue.Queue = queue.Queue(maxsize=64)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._errors: list[BaseException] = []  # failures fault_tolerance() does not absorb
+        self._restarts = 0
+        self._failures = 0  # runner failures since the last step a runner completed
         self._queued: list[collections.deque] = [collections.deque() for _ in module_names]
         self._dropped = 0
         self._sampled = 0  # env steps, lifetime
@@ -94,47 +102,88 @@ class MultiAgentEngine:
     def start(self) -> None:
         if self.spec.num_env_runners == 0:
             return
-        for i, sampler in enumerate(self._samplers):
-            thread = threading.Thread(
-                target=self._run, args=(sampler,), name=f"ma-runner-{i}", daemon=True
-            )
+        for i in range(len(self._samplers)):
+            thread = threading.Thread(target=self._run, args=(i,), name=f"ma-runner-{i}")
+            thread.daemon = True
             thread.start()
             self._threads.append(thread)
 
-    def _run(self, sampler: MultiAgentSampler) -> None:
+    def _step(self, index: int) -> StepOutput | None:
+        """Runner ``index``'s next step; after a failure that fault_tolerance() absorbs, None
+        (the runner was rebuilt, or retired with ``ignore_env_runner_failures``)."""
+        try:
+            output = self._samplers[index].step(*self.param_store.get())
+        except Exception as err:
+            return self._failed(index, err)
+        with self._lock:
+            self._failures = 0
+        return output
+
+    def _failed(self, index: int, err: Exception) -> None:
+        """RLlib's fault_tolerance() for a multi-agent runner: rebuilt (its open fragments and
+        episodes are lost) up to ``max_num_env_runner_restarts`` times, or retired when
+        ``ignore_env_runner_failures`` and another runner is left; otherwise the run stops."""
+        fault_spec = self.fault_spec
+        with self._lock:
+            self._failures += 1
+            restart = fault_spec.restart_failed_env_runners and self._restarts < (
+                fault_spec.max_num_env_runner_restarts
+            )
+            restart &= self._failures <= fault_spec.num_consecutive_env_runner_failures_tolerance
+            if restart:
+                self._restarts += 1
+        logger.warning("multi-agent runner %d failed: %s: %s", index, type(err).__name__, err)
+        if restart:
+            self._samplers[index].close(quietly=True)
+            if self._stop.wait(fault_spec.delay_between_env_runner_restarts_s):
+                return None
+            self._samplers[index] = self._make_sampler(index)
+            return None
+        alive = sum(t.is_alive() for t in self._threads if t is not threading.current_thread())
+        if fault_spec.ignore_env_runner_failures and alive:
+            raise _Retired from err
+        raise EnvRunnerFailure(
+            f"multi-agent runner {index} failed ({type(err).__name__}: {err}) and "
+            "fault_tolerance() does not recover it (restart_failed_env_runners, "
+            "max_num_env_runner_restarts, ignore_env_runner_failures)"
+        ) from err
+
+    def _run(self, index: int) -> None:
         """A runner thread: steps until stopped, handing each step's output to the learner."""
         try:
             while not self._stop.is_set():
-                output = sampler.step(*self.param_store.get())
-                while not self._stop.is_set():
+                output = self._step(index)
+                while output is not None and not self._stop.is_set():
                     try:
                         self._out.put(output, timeout=0.5)
                         break
                     except queue.Full:
                         continue
+        except _Retired:
+            pass
         except BaseException as err:  # handed to the main thread, which raises it
             self._errors.append(err)
-            self._out.put(None)
 
     def _next_output(self) -> StepOutput:
         if self.spec.num_env_runners == 0:
-            return self._samplers[0].step(*self.param_store.get())
-        deadline = time.monotonic() + self.spec.sample_timeout_s
+            while True:  # lockstep: the main thread's own runner
+                output = self._step(0)
+                if output is not None:
+                    return output
+        timeout = self.fault_spec.sample_timeout_s
+        deadline = time.monotonic() + timeout
         while True:
             if self._errors:
-                err = self._errors[0]
-                raise RunnerFailure(
-                    f"a multi-agent runner failed: {type(err).__name__}: {err}"
-                ) from err
+                raise self._errors[0]
+            if not any(t.is_alive() for t in self._threads):
+                raise EnvRunnerFailure("every multi-agent runner has failed")
             try:
-                output = self._out.get(timeout=min(1.0, self.spec.sample_timeout_s))
+                return self._out.get(timeout=min(1.0, timeout))
             except queue.Empty:
-                output = None
-            if output is not None:
-                return output
-            if time.monotonic() > deadline and not self._errors:
-                raise RunnerFailure(
-                    f"no multi-agent runner produced a step for {self.spec.sample_timeout_s} s "
+                pass
+            if time.monotonic() > deadline:
+                raise EnvRunnerFailure(
+                    f"no multi-agent runner produced a step for {timeout} s "
                     "(env_runners(sample_timeout_s=...)): an env's reset or step hangs"
                 )
 
@@ -166,7 +215,7 @@ class MultiAgentEngine:
                 self._take(output)
                 waited += output.env_steps
                 if waited > _MAX_BATCHES_WITHOUT_COLUMN * self.spec.batch_steps:
-                    raise RunnerFailure(
+                    raise EnvRunnerFailure(
                         f"{waited} env steps were sampled without one complete fragment of "
                         f"{self.spec.rollout_fragment_length} agent steps: no agent acts often "
                         "enough; lower env_runners(rollout_fragment_length=...)"
@@ -229,7 +278,7 @@ class MultiAgentEngine:
             queue_size=self._out.qsize(),
             fault_tolerance={
                 "num_healthy_workers": sum(t.is_alive() for t in self._threads),
-                "num_remote_worker_restarts": 0,
+                "num_remote_worker_restarts": self._restarts,
                 "num_dropped_columns": self._dropped,
             },
         )
@@ -242,4 +291,4 @@ class MultiAgentEngine:
         for thread in self._threads:
             thread.join(timeout=10)
         for sampler in self._samplers:
-            sampler.close()
+            sampler.close(quietly=True)

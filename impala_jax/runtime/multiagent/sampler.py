@@ -151,6 +151,12 @@ class MultiAgentSampler:
                 out[n] = (action[policy, c], dist_inputs[policy, c])
         return out
 
-    def close(self) -> None:
+    def close(self, quietly: bool = False) -> None:
+        """Closes the envs; ``quietly``: an env that fails to close (it may be what failed)
+        does not stop the others closing."""
         for env in self.envs:
-            env.close()
+            try:
+                env.close()
+            except Exception:
+                if not quietly:
+                    raise
