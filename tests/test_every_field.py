@@ -403,8 +403,10 @@ FIELDS: dict[str, Any] = {
     "enable_rl_module_and_learner": Error(False),
     "enable_env_runner_and_connector_v2": Error(False),
     # .multi_agent() (tests/test_multi_agent.py)
-    "policies": Covered(f"{MULTI_AGENT_TEST}::test_two_policies_train_with_rllib_result_keys"),
-    "policy_mapping_fn": Covered(f"{MULTI_AGENT_TEST}::test_one_shared_policy_over_every_agent"),
+    "policies": Covered(f"{MULTI_AGENT_TEST}::test_one_shared_policy_over_every_agent"),
+    "policy_mapping_fn": Covered(
+        f"{MULTI_AGENT_TEST}::test_a_mapping_to_an_unknown_policy_names_it"
+    ),
     "policies_to_train": Covered(
         f"{MULTI_AGENT_TEST}::test_a_policy_not_in_policies_to_train_never_changes"
     ),

@@ -70,8 +70,8 @@ def test_bad_multi_agent_fields_name_the_field(change, field, words):
 
 
 def test_what_multi_agent_runs_do_not_offer_yet_is_an_error():
-    config = ma_config().evaluation(evaluation_interval=1)
-    with pytest.raises(ValueError, match="evaluation_interval=1: evaluation of multi-agent"):
+    config = ma_config().evaluation(custom_evaluation_function=lambda algo, workers: {})
+    with pytest.raises(ValueError, match="custom_evaluation_function=.*multi-agent"):
         config.validate()
     config = ma_config().rl_module(model_config={"use_lstm": True})
     with pytest.raises(ValueError, match="use_lstm"):
@@ -400,3 +400,27 @@ def test_ignoring_a_failed_runner_trains_on_with_the_others():
         results = [algo.train() for _ in range(3)]
     assert results[-1]["fault_tolerance"]["num_healthy_workers"] == 1
     assert np.isfinite(results[-1]["learners"]["p1"]["total_loss"])
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_evaluation_runs_the_policies_greedily_on_their_own_envs(parallel):
+    from impala_jax.cli import result_schema
+    from impala_jax.rllib.results import flatten
+
+    config = ma_config().evaluation(
+        evaluation_interval=1,
+        evaluation_duration=3 if not parallel else "auto",
+        evaluation_num_env_runners=1 if parallel else 0,
+        evaluation_parallel_to_training=parallel,
+    )
+    with config.build() as algo:
+        result = algo.train()
+        direct = algo.evaluate()
+    evaluation = result["evaluation"]["env_runners"]
+    assert evaluation["num_env_steps_sampled"] > 0
+    if not parallel:  # "auto" evaluates as long as the training step it runs beside
+        assert evaluation["num_episodes"] == 3 == direct["env_runners"]["num_episodes"]
+        assert set(evaluation["module_episode_returns_mean"]) == {"p0", "p1"}
+        assert np.isfinite(direct["env_runners"]["episode_return_mean"])
+    schema = result_schema.result_schema(config)
+    assert sorted(k for k in flatten(result) if not schema.known(k)) == []

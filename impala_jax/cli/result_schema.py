@@ -180,6 +180,8 @@ def result_schema(config) -> ResultSchema:
             evaluation = {
                 f"evaluation/env_runners/{k}" for k in EVALUATION_ENV_RUNNER_KEYS + EPISODE_KEYS
             }
+            if config.is_multi_agent:
+                open_prefixes += tuple(f"evaluation/{p}" for p in (MODULE_RETURNS, AGENT_RETURNS))
             episodes |= {f"evaluation/env_runners/{k}" for k in EPISODE_KEYS}
     return ResultSchema(
         keys=frozenset(keys | evaluation | optional),

@@ -28,12 +28,14 @@ from impala_jax.rllib import specs
 from impala_jax.rllib.algorithm import IMPALA
 from impala_jax.rllib.callbacks import EPISODE_HOOKS
 from impala_jax.rllib.module import Actions, Module
+from impala_jax.runtime.acting.evaluation import EVAL_SEED_OFFSET
 from impala_jax.runtime.acting.policy import make_policy
 from impala_jax.runtime.envs.vec_env import ActionAdapter
 from impala_jax.runtime.learning import program_cache
 from impala_jax.runtime.learning.policy_stack import PolicyStackLearner
 from impala_jax.runtime.multiagent.engine import MultiAgentEngine, MultiAgentSpec
 from impala_jax.runtime.multiagent.envs import make_multi_agent_env
+from impala_jax.runtime.multiagent.evaluation import MultiAgentEvaluationSpec, MultiAgentEvaluator
 from impala_jax.runtime.multiagent.sampler import EpisodeView, MultiAgentSampler, StackedActor
 
 DEFAULT_POLICY = "default_policy"
@@ -182,40 +184,19 @@ class MultiAgentIMPALA(IMPALA):
                 "not offered yet; the algorithm-level hooks (on_algorithm_init, "
                 "on_train_result, ...) are."
             )
-        obs_like = np.zeros(self.observation_space.shape, self.observation_space.dtype)
-        action_like = np.zeros(
-            self.action_space.shape, self.policy.action_dtype(self.learner.abstract_state.params)
-        )
         actor = StackedActor.of(self._act, self._act_greedy, bool(config.explore))
-        runners = max(1, config.num_env_runners)
-        keys = jax.random.split(actor_key, runners)
-        n = config.num_envs_per_env_runner
+        keys = jax.random.split(actor_key, max(1, config.num_env_runners) + 1)
 
         def make_sampler(index: int) -> MultiAgentSampler:
-            envs = [make_multi_agent_env(config.env, config.env_config) for _ in range(n)]
-            return MultiAgentSampler(
-                envs,
-                self._T,
-                obs_like,
-                action_like,
-                self.networks.dist_size,
-                self.map_agent,
-                actor,
-                len(self.policy_ids),
-                keys[index],
-                seed=seed * 1_000_003 + index * 100_003,
-                to_env=self._to_env,
-                runner_index=index,
-            )
+            seed_ = seed * 1_000_003 + index * 100_003
+            n = config.num_envs_per_env_runner
+            return self._sampler(config, n, actor, keys[index], seed_, index)
 
-        by_agents = config.count_steps_by == "agent_steps"
         spec = MultiAgentSpec(
             num_env_runners=config.num_env_runners,
             rollout_fragment_length=self._T,
             columns=columns,
-            batch_steps=self._base_columns * self.learner.num_devices * self._T
-            if not by_agents
-            else self._base_columns * self.learner.num_devices * self._T,
+            batch_steps=self._base_columns * self.learner.num_devices * self._T,
             count_steps_by=config.count_steps_by,
             train=trained(config, self.policy_ids),
             window=config.metrics_num_episodes_for_smoothing,
@@ -233,6 +214,52 @@ class MultiAgentIMPALA(IMPALA):
             pid: Actions(self.policy, view, self._adapter, jax.random.fold_in(actor_key, i))
             for i, (pid, view) in enumerate(self._views.items())
         }
+        self._evaluator = self._build_evaluator(seed, keys[-1])
+
+    def _sampler(
+        self, config, num_envs: int, actor, key, seed: int, index: int
+    ) -> MultiAgentSampler:
+        """``num_envs`` of ``config``'s envs, stepped by one sampler acting with ``actor``."""
+        envs = [make_multi_agent_env(config.env, config.env_config) for _ in range(num_envs)]
+        obs_like = np.zeros(self.observation_space.shape, self.observation_space.dtype)
+        params = self.learner.abstract_state.params
+        action_like = np.zeros(self.action_space.shape, self.policy.action_dtype(params))
+        return MultiAgentSampler(
+            envs,
+            self._T,
+            obs_like,
+            action_like,
+            self.networks.dist_size,
+            self.map_agent,
+            actor,
+            len(self.policy_ids),
+            key,
+            seed=seed,
+            to_env=self._to_env,
+            runner_index=index,
+        )
+
+    def _build_evaluator(self, seed: int, key) -> MultiAgentEvaluator:
+        """The evaluation's sampler, from the evaluation config (``evaluation_config``
+        applied; greedy unless it sets ``explore``), on envs seeded apart from training's."""
+        config = specs.evaluation_config(self.config)
+        actor = StackedActor.of(self._act, self._act_greedy, bool(config.explore))
+        num_envs = max(1, config.evaluation_num_env_runners) * config.num_envs_per_env_runner
+        made = [0]
+
+        def make_sampler() -> MultiAgentSampler:
+            made[0] += 1
+            seed_ = EVAL_SEED_OFFSET + seed * 1_000_003 + made[0] * 10_007
+            key_ = jax.random.fold_in(key, made[0])
+            return self._sampler(config, num_envs, actor, key_, seed_, -made[0])
+
+        spec = MultiAgentEvaluationSpec(
+            evaluation_duration=config.evaluation_duration,
+            evaluation_duration_unit=config.evaluation_duration_unit,
+            evaluation_sample_timeout_s=float(config.evaluation_sample_timeout_s),
+            window=config.metrics_num_episodes_for_smoothing,
+        )
+        return MultiAgentEvaluator(spec, make_sampler, self.param_store, self.policy_ids)
 
     def _to_env(self, action: np.ndarray, agent_id) -> Any:
         env_action = self._adapter(np.asarray(action)[None], 1)[0]

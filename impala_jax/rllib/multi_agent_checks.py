@@ -102,7 +102,10 @@ def _policies_to_train(v, policies: Any) -> None:
 
 # What a multi-agent run does not offer yet: field -> (the value it needs, why).
 _SINGLE_AGENT_ONLY = {
-    "evaluation_interval": (None, "evaluation of multi-agent runs is not offered yet"),
+    "custom_evaluation_function": (
+        None,
+        "a custom evaluation of multi-agent runs is not offered yet",
+    ),
     "fake_sampler": (False, "the fake sampler replays single-agent batches"),
     "_env_runners_only": (False, "multi-agent runs always train"),
     "_skip_learners": (False, "multi-agent runs always train"),
@@ -118,7 +121,7 @@ _SINGLE_AGENT_ONLY = {
 def _not_with_multi_agent(v) -> None:
     for name, (needed, why) in _SINGLE_AGENT_ONLY.items():
         value = v.value(name)
-        if v.ok(name) and value != needed and not (name == "evaluation_interval" and not value):
+        if v.ok(name) and value != needed:
             v.fail(name, f"{why}; with multi_agent() it must be {needed!r}")
     model_config = v.value("model_config")
     if isinstance(model_config, Mapping) and model_config.get("use_lstm"):
