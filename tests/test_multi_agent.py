@@ -424,3 +424,15 @@ def test_evaluation_runs_the_policies_greedily_on_their_own_envs(parallel):
         assert np.isfinite(direct["env_runners"]["episode_return_mean"])
     schema = result_schema.result_schema(config)
     assert sorted(k for k in flatten(result) if not schema.known(k)) == []
+
+
+def test_two_learner_devices_split_each_policys_batch():
+    # conftest gives this process two CPU devices.
+    config = ma_config().learners(num_learners=2)
+    with config.build() as algo:
+        assert algo.learner.num_devices == 2
+        result = algo.train()
+    # train_batch_size_per_learner=32 on each of 2 learners, as in RLlib.
+    assert result["learners"]["p0"]["effective_total_train_batch_size"] == 64
+    assert np.isfinite(result["learners"]["p1"]["total_loss"])
+    assert algo.engine.spec.batch_steps == 64

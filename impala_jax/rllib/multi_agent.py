@@ -98,6 +98,11 @@ class MultiAgentIMPALA(IMPALA):
 
     def _build_policy(self, seed: int, actor_device) -> None:
         config = self.config
+        if self._processes > 1:
+            raise ValueError(
+                "multi_agent() over several processes is not offered yet; run one process "
+                "(learners(num_learners=N) uses N devices of it)."
+            )
         probe = make_multi_agent_env(config.env, config.env_config)
         try:
             self.agent_ids = list(probe.possible_agents)
@@ -196,7 +201,7 @@ class MultiAgentIMPALA(IMPALA):
             num_env_runners=config.num_env_runners,
             rollout_fragment_length=self._T,
             columns=columns,
-            batch_steps=self._base_columns * self.learner.num_devices * self._T,
+            batch_steps=self._base_columns * self._T,
             count_steps_by=config.count_steps_by,
             train=trained(config, self.policy_ids),
             window=config.metrics_num_episodes_for_smoothing,
