@@ -99,6 +99,7 @@ def test_two_policies_train_with_rllib_result_keys():
         assert {"p0", "p1", "__all_modules__"} <= set(learners)
         for pid in ("p0", "p1"):
             assert np.isfinite(learners[pid]["total_loss"])
+            assert learners[pid]["policy_lag_mean"] >= 0  # lockstep: 0 or 1 behind
             assert learners[pid]["num_updates_lifetime"] >= 1
         assert result["num_env_steps_sampled_lifetime"] >= 400
         # Inference per policy, RLlib's surface.

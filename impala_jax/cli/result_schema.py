@@ -156,12 +156,14 @@ def result_schema(config) -> ResultSchema:
     episodes = {f"env_runners/{k}" for k in EPISODE_KEYS}
     if config.is_multi_agent:  # rllib/multi_agent.py
         timers = MULTI_AGENT_TIMERS + LEARNER_TIMERS + ITERATION_TIMERS
+        module_keys += ("policy_lag_mean",)  # each policy's own (runtime/multiagent/engine.py)
         fault_keys = MULTI_AGENT_FAULT_TOLERANCE_KEYS
         episodes |= {f"{MODULE_RETURNS}{m}" for m in modules}
         open_prefixes += (AGENT_RETURNS,)  # the env's agent ids
     optional = {
         f"learners/{m}/{k}" for m in modules for k in (OPTIONAL_LEARNER_KEYS if learns else ())
     }
+
     keys = (
         set(TOP_LEVEL_KEYS)
         | episodes

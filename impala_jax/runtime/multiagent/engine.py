@@ -227,6 +227,11 @@ class MultiAgentEngine:
         with self.timers.time("learner_dispatch"):
             metrics = self.learner.update(self.learner.put_batch(batch), self._sampled, train)
         lag = self.param_store.version - versions[versions >= 0]
+        # Each policy's own mean lag over its real columns (0 without any): learners/<id>/.
+        per_policy = versions.reshape(len(self._queued), -1)
+        real = per_policy >= 0
+        lags = np.where(real, self.param_store.version - per_policy, 0).sum(1)
+        metrics = dict(metrics, policy_lag_mean=lags / np.maximum(real.sum(1), 1))
         return Update(metrics, lag if lag.size else np.zeros(1, np.int64), self.spec.batch_steps)
 
     def _batch(self) -> tuple[Trajectory, np.ndarray]:
