@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
@@ -283,3 +285,25 @@ def test_bad_hyperparameters_and_batches_are_named():
         stack.update(stack.put_batch(stacked([random_batch(0)] * 3)), 0, np.ones(2, bool))
     with pytest.raises(ValueError, match="train"):
         stack.update(stack.put_batch(stacked([random_batch(0)] * 2)), 0, np.ones(3, bool))
+
+
+@pytest.mark.timeout(300)
+def test_32_policies_of_rllibs_default_mlp_start_and_update():
+    # Catches: the stacked initial state made by jax.vmap, whose batched orthogonal
+    # initializers (QR) hung XLA:CPU from about 28 policies of a 256-256 MLP. In a process of
+    # its own, so that a hang ends in a timeout rather than stalling the suite.
+    import subprocess
+    import sys
+
+    code = (
+        "import jax, numpy as np\n"
+        "from benchmarks.multi_agent import make_batch, specs\n"
+        "from impala_jax.runtime.learning.policy_stack import PolicyStackLearner\n"
+        "keys = list(jax.random.split(jax.random.key(0), 32))\n"
+        "stack = PolicyStackLearner(*specs(), jax.devices()[:1], keys)\n"
+        "batch = jax.tree.map(lambda *xs: np.stack(xs), *[make_batch(i) for i in range(32)])\n"
+        "metrics = stack.update(stack.put_batch(batch), 0, np.ones(32, bool))\n"
+        "assert np.all(np.isfinite(jax.device_get(metrics['total_loss'])))\n"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=240, cwd=repo)

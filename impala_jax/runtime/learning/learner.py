@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -171,10 +172,12 @@ class Learner:
         (shaped like one column of ``example``) carries a leading member axis, the slots
         split over the mesh's devices behind it."""
         replicated = NamedSharding(self.mesh, parallel.REPLICATED)
-        init = jax.jit(jax.vmap(self.init_state), out_shardings=(replicated, None))
+        # Compiled as a run's own initial state is (XLA's backend optimizations round an
+        # initializer's last bit differently): each member starts from a run alone's params
+        # bit for bit. One member after another (lax.map): XLA:CPU hangs on batched orthogonal
+        # initializers (jax.vmap's QRs) from about 28 members of a 256-256 MLP.
+        init = jax.jit(partial(jax.lax.map, self.init_state), out_shardings=(replicated, None))
         keys = jnp.stack(keys)
-        # Compiled as a run's own initial state is: each member starts from its params bit for
-        # bit (XLA's backend optimizations round an initializer's last bit differently).
         self.state, replay_keys = init.lower(keys).compile(FAST_COMPILE)(keys)
         if self.step_spec.replay_columns:
             slots = [self.replay_slots(k, example) for k in replay_keys]
