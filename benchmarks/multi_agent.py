@@ -1,6 +1,7 @@
-"""Multi-agent IMPALA: several policies' learner steps in one compiled program.
+"""Multi-agent IMPALA: several policies' learner steps in one compiled program, the multi-agent
+runners' speed, and RLlib's tuned multi-agent example.
 
-``python -m benchmarks.multi_agent [--quick] [--parts learner]``:
+``python -m benchmarks.multi_agent [--quick] [--parts learner speed tuned]``:
 
 - ``learner``: M = 1, 2, 8, 32 same-shaped CartPole-sized policies (RLlib's default fcnet, an
   MLP of 256-256 tanh; 4 floats in, 2 actions), each with a batch of 20 columns of T = 50
@@ -11,13 +12,27 @@
   timed interleaved (common.interleaved), so load from other work hits them alike. Goal (the
   multi-agent issue): 8 policies in one program cost at most 2x one policy's step.
 
-Writes ``results/multi_agent_learner.json``; prints the table.
+- ``speed``: RLlib's multi-agent CartPole (2 agents, 2 policies, one runner thread of 16 envs,
+  T = 50, 1,000 env steps = 2,000 agent steps per update) against single-agent CartPole on the
+  same gymnasium env (not envpool: the same env code either side; 32 envs, T = 50, 2,000 env
+  steps per update): the same poles, the same agent steps per update. Fresh processes in
+  alternating order, env and agent steps/s over the iterations after the first.
+- ``tuned``: RLlib's ``multi_agent_cartpole_impala.py`` with its import swapped
+  (tests/rllib_examples/), run as a user runs it (``python -m impala_jax.run FILE --seed S``),
+  seeds 0-2: env steps and seconds to its stop (350 per agent, 2.5 M env steps).
+
+Writes ``results/multi_agent_<parts>.json``; prints the tables.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import statistics
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks import common
 
@@ -174,12 +189,130 @@ def _table(rows: list[dict], header: bool = True) -> str:
     return text if header else text.splitlines()[-1]
 
 
+SPEED_ITERATIONS = 7  # per process; the first (compiling) not counted
+TUNED = common.REPO / "tests" / "rllib_examples" / "multi_agent_cartpole_impala.py"
+TUNED_STOP = 700.0
+
+
+def speed_child(kind: str) -> dict:
+    """One process of the ``speed`` part (``kind`` "multi" or "single"): its median env steps/s
+    and agent steps/s over the iterations after the first."""
+    from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
+
+    from impala_jax import IMPALAConfig
+
+    config = (
+        IMPALAConfig()
+        .env_runners(num_env_runners=1, rollout_fragment_length=T)
+        .training(lr=0.0005, vf_loss_coeff=0.01, entropy_coeff=0.0, grad_clip=30.0)
+        .rl_module(model_config={"vf_share_layers": True})
+        .reporting(min_time_s_per_iteration=3)
+        .debugging(seed=0)
+    )
+    agents = 2 if kind == "multi" else 1
+    if kind == "multi":
+        config.environment(MultiAgentCartPole, env_config={"num_agents": agents})
+        config.env_runners(num_envs_per_env_runner=16).training(train_batch_size_per_learner=1000)
+        config.multi_agent(policies={"p0", "p1"}, policy_mapping_fn=_by_agent)
+    else:
+        config.environment(_gym_cartpole)
+        config.env_runners(num_envs_per_env_runner=32).training(train_batch_size_per_learner=2000)
+    rates = []
+    with config.build() as algo:
+        for i in range(SPEED_ITERATIONS):
+            result = algo.train()
+            if i:
+                rates.append(
+                    result["env_runners"]["num_env_steps_sampled"] / result["time_this_iter_s"]
+                )
+    rate = statistics.median(rates)
+    return {"kind": kind, "env_steps_per_s": rate, "agent_steps_per_s": rate * agents}
+
+
+def _by_agent(agent_id, episode, **kwargs):
+    return f"p{agent_id}"
+
+
+def _gym_cartpole(env_config):
+    import gymnasium as gym
+
+    return gym.make("CartPole-v1")
+
+
+def _launch(args: list[str], timeout: float) -> dict:
+    """A child process's last JSON line, or why there is none."""
+    try:
+        proc = common.run_python(args, timeout)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {timeout} s", "args": args}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        return {"ok": False, "error": (proc.stdout + proc.stderr)[-800:], "args": args}
+    return {**json.loads(lines[-1]), "ok": True}
+
+
+def speed_part(pairs: int) -> dict:
+    runs = []
+    for i in range(pairs):
+        for kind in ("multi", "single") if i % 2 == 0 else ("single", "multi"):
+            run = _launch(["-m", "benchmarks.multi_agent", "--child", kind], 600)
+            runs.append(run)
+            print("speed", kind, {k: run.get(k) for k in ("env_steps_per_s", "error")}, flush=True)
+    ok = [r for r in runs if r.get("ok")]
+    multi = [r["agent_steps_per_s"] for r in ok if r["kind"] == "multi"]
+    single = [r["agent_steps_per_s"] for r in ok if r["kind"] == "single"]
+    out = {"runs": runs}
+    if multi and single:
+        out["multi_agent_steps_per_s"] = statistics.median(multi)
+        out["single_env_steps_per_s"] = statistics.median(single)
+        out["ratio"] = out["multi_agent_steps_per_s"] / out["single_env_steps_per_s"]
+    return out
+
+
+def tuned_part(seeds: int) -> dict:
+    """RLlib's tuned multi-agent file through the CLI, as a user runs it, per seed."""
+    runs = []
+    for seed in range(seeds):
+        started = time.time()
+        with tempfile.TemporaryDirectory() as logdir:
+            args = ["-m", "impala_jax.run", "--quiet", "--logdir", logdir, "--seed", str(seed)]
+            try:
+                proc = common.run_python([*args, str(TUNED)], 1800)
+            except subprocess.TimeoutExpired:
+                runs.append({"seed": seed, "ok": False, "error": "timed out after 1800 s"})
+                continue
+            result = _last_result(logdir)
+        row = {
+            "seed": seed,
+            "ok": proc.returncode == 0 and result is not None,
+            "wall_s_from_launch": time.time() - started,
+            "return": result and result["env_runners"].get("episode_return_mean"),
+            "env_steps": result and result["num_env_steps_sampled_lifetime"],
+        }
+        row["reached"] = bool(row["return"] and row["return"] >= TUNED_STOP)
+        runs.append(row)
+        print("tuned", row, flush=True)
+    return {"runs": runs, "stop": TUNED_STOP, "reached": sum(r.get("reached", False) for r in runs)}
+
+
+def _last_result(logdir: str) -> dict | None:
+    files = sorted(Path(logdir).glob("*/result.json"))
+    if not files:
+        return None
+    lines = files[-1].read_text().splitlines()
+    return json.loads(lines[-1]) if lines else None
+
+
 def main(argv=None) -> dict:
     args = common.parse_args(
         argv,
         __doc__.split("\n")[0],
-        parts={"nargs": "+", "choices": ["learner"], "default": ["learner"]},
+        parts={"nargs": "+", "choices": ["learner", "speed", "tuned"], "default": ["learner"]},
+        child={"default": None, "help": "internal: one speed process, multi or single"},
     )
+    if args.child:
+        print(json.dumps(speed_child(args.child)))
+        return {}
     payload: dict = {"T": T, "columns_per_policy": COLUMNS, "model": "fcnet 256-256 tanh"}
     if "learner" in args.parts:
         policies = QUICK_POLICIES if args.quick else POLICIES
@@ -196,6 +329,19 @@ def main(argv=None) -> dict:
             f"{learner['goal']}: {goal['stack_over_one_policy']:.2f}x "
             f"({'met' if learner['goal_met'] else 'not met'}); one policy's step compiles in "
             f"{learner['one_policy_compile_s']:.1f} s."
+        )
+    if "speed" in args.parts:
+        payload["speed"] = speed = speed_part(1 if args.quick else 3)
+        if "ratio" in speed:
+            print(
+                f"multi-agent CartPole {speed['multi_agent_steps_per_s']:,.0f} agent steps/s, "
+                f"single-agent {speed['single_env_steps_per_s']:,.0f} env steps/s: "
+                f"{speed['ratio']:.2f}x"
+            )
+    if "tuned" in args.parts:
+        payload["tuned"] = tuned = tuned_part(1 if args.quick else 3)
+        print(
+            f"RLlib's tuned file reached {TUNED_STOP} in {tuned['reached']} of {len(tuned['runs'])}"
         )
     name = "multi_agent_" + "_".join(args.parts) + ("_quick" if args.quick else "")
     path = common.write_result(name, payload, args.quick)

@@ -32,6 +32,11 @@ BENCHMARKS = [
     ("tune_overhead", ["-m", "benchmarks.tune_overhead"], 600),
     ("processes", ["-m", "benchmarks.processes"], 600),
     ("pbt_speed", ["-m", "benchmarks.pbt", "--parts", "speed"], 900),
+    (
+        "multi_agent_learner_speed",
+        ["-m", "benchmarks.multi_agent", "--parts", "learner", "speed"],
+        1200,
+    ),
 ]
 
 
@@ -230,6 +235,44 @@ def summarize(results: dict) -> list[dict]:
     speed = results.get("pbt_speed")
     if speed:
         rows.append(_population_row(speed))
+    multi = results.get("multi_agent_learner_speed")
+    if multi:
+        rows.extend(_multi_agent_rows(multi))
+    return rows
+
+
+def _multi_agent_rows(multi: dict) -> list[dict]:
+    """The stacked learner step against one policy's, and multi-agent sampling's speed."""
+    rows = []
+    learner = multi.get("learner")
+    if learner:
+        by_m = {r["policies"]: r for r in learner["rows"]}
+        value = ", ".join(
+            f"{m}: {r['stack_over_one_policy']:.1f}x "
+            f"(separate {r['separate_over_one_policy']:.1f}x)"
+            for m, r in sorted(by_m.items())
+        )
+        rows.append(
+            {
+                "benchmark": "multi_agent_learner_speed",
+                "goal": "the learner step of 8 same-shaped policies in one program <= 2x one "
+                "policy's (fcnet 256-256, 1,000 env steps each)",
+                "value": f"one program / one policy's step, by policies {value}",
+                "met": learner["goal_met"],
+            }
+        )
+    speed = multi.get("speed")
+    if speed and "ratio" in speed:
+        rows.append(
+            {
+                "benchmark": "multi_agent_learner_speed",
+                "goal": "multi-agent CartPole agent steps/s beside single-agent CartPole's env "
+                "steps/s, the same gymnasium env and steps per update (report)",
+                "value": f"{speed['multi_agent_steps_per_s']:,.0f} vs "
+                f"{speed['single_env_steps_per_s']:,.0f} ({speed['ratio']:.2f}x)",
+                "met": None,
+            }
+        )
     return rows
 
 

@@ -266,9 +266,11 @@ class MultiAgentIMPALA(IMPALA):
         )
         return MultiAgentEvaluator(spec, make_sampler, self.param_store, self.policy_ids)
 
-    def _to_env(self, action: np.ndarray, agent_id) -> Any:
-        env_action = self._adapter(np.asarray(action)[None], 1)[0]
-        return env_action.item() if env_action.ndim == 0 else env_action
+    def _to_env(self, actions: np.ndarray) -> list:
+        """The env's actions for a batch of the policies' (Box actions rescaled and checked),
+        as Python values: ints for a Discrete space, arrays for a Box."""
+        env_actions = self._adapter(actions, len(actions))
+        return env_actions.tolist() if env_actions.ndim == 1 else list(env_actions)
 
     def get_module(self, module_id: str = DEFAULT_POLICY) -> Module | None:
         """Policy ``module_id`` for inference; None for an unknown id, as in RLlib."""

@@ -64,8 +64,8 @@ class EpisodeView(NamedTuple):
 
 class MultiAgentSampler:
     """``envs`` stepped together. ``map_agent(agent_id, episode) -> policy index`` is asked
-    at each agent's first step of an episode; ``to_env(action, agent_id)`` turns a policy's
-    action into the env's."""
+    at each agent's first step of an episode; ``to_env(actions)`` turns a batch of the policies'
+    actions into the env's, one per row."""
 
     def __init__(
         self,
@@ -79,7 +79,7 @@ class MultiAgentSampler:
         num_policies: int,
         key,
         seed: int,
-        to_env: Callable[[np.ndarray, Any], Any],
+        to_env: Callable[[np.ndarray], list],
         runner_index: int = 0,
     ):
         self.envs, self.actor = envs, actor
@@ -115,11 +115,13 @@ class MultiAgentSampler:
         requests = self.lanes.requests()
         actions = self._act(params, requests)
         per_env: list[dict] = [{} for _ in self.envs]
-        for (env_index, agent_id, _, _), (action, dist_inputs) in zip(
-            requests, actions, strict=True
+        # The env's actions for every request at once (one check and rescale, not one each).
+        env_actions = self._to_env(np.stack([a for a, _ in actions])) if actions else []
+        for (env_index, agent_id, _, _), (action, dist_inputs), env_action in zip(
+            requests, actions, env_actions, strict=True
         ):
             self.lanes.record(env_index, agent_id, action, dist_inputs, version)
-            per_env[env_index][agent_id] = self._to_env(action, agent_id)
+            per_env[env_index][agent_id] = env_action
         for i, env in enumerate(self.envs):
             if not per_env[i]:
                 continue
