@@ -33,6 +33,7 @@ from impala_jax.runtime.learning import program_cache
 from impala_jax.runtime.learning.policy_stack import PolicyStackLearner
 from impala_jax.runtime.multiagent.engine import MultiAgentEngine, MultiAgentSpec
 from impala_jax.runtime.multiagent.envs import make_multi_agent_env
+from impala_jax.runtime.multiagent.lanes import RecurrentLayout
 from impala_jax.runtime.multiagent.sampler import EpisodeView, MultiAgentSampler, StackedActor
 
 DEFAULT_POLICY = "default_policy"
@@ -182,6 +183,9 @@ class MultiAgentIMPALA(IMPALA):
         runners = max(1, config.num_env_runners)
         keys = jax.random.split(actor_key, runners)
         n = config.num_envs_per_env_runner
+        recurrent = None
+        if self.recurrent:  # the lanes carry the policy's state (policy.act: RecurrentActor)
+            recurrent = RecurrentLayout(self.policy.act.initial_state, self.networks.max_seq_len)
 
         def make_sampler(index: int) -> MultiAgentSampler:
             envs = [make_multi_agent_env(config.env, config.env_config) for _ in range(n)]
@@ -198,6 +202,7 @@ class MultiAgentIMPALA(IMPALA):
                 seed=seed * 1_000_003 + index * 100_003,
                 to_env=self._to_env,
                 runner_index=index,
+                recurrent=recurrent,
             )
 
         by_agents = config.count_steps_by == "agent_steps"
@@ -232,10 +237,9 @@ class MultiAgentIMPALA(IMPALA):
 
     def get_module(self, module_id: str = DEFAULT_POLICY) -> Module | None:
         """Policy ``module_id`` for inference; None for an unknown id, as in RLlib."""
-        view = getattr(self, "_views", {}).get(module_id)
-        if view is None:
-            return None
-        return Module(self.networks, self.distribution, view)
+        actions = getattr(self, "_actions_by_policy", {}).get(module_id)
+        # Actions.module(): a clear ValueError for a recurrent policy, which acts with a state.
+        return None if actions is None else actions.module()
 
     def compute_single_action(self, observation=None, state=None, *, policy_id=None, **kwargs):
         """One agent's action from policy ``policy_id`` (RLlib's keyword; required here)."""
