@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -171,7 +172,11 @@ class Learner:
         (shaped like one column of ``example``) carries a leading member axis, the slots
         split over the mesh's devices behind it."""
         replicated = NamedSharding(self.mesh, parallel.REPLICATED)
-        init = jax.jit(jax.vmap(self.init_state), out_shardings=(replicated, None))
+        # A loop over the members, not vmap: vmapped, the orthogonal initializer's QRs (an LSTM's
+        # four recurrent kernels) run batched and side by side, each LAPACK kernel waiting on
+        # XLA's CPU thread pool for its batch's tasks; with as few pool threads as such kernels
+        # (2 cores) every thread waits and the program never ends.
+        init = jax.jit(partial(jax.lax.map, self.init_state), out_shardings=(replicated, None))
         keys = jnp.stack(keys)
         # Compiled as a run's own initial state is: each member starts from its params bit for
         # bit (XLA's backend optimizations round an initializer's last bit differently).
