@@ -73,9 +73,6 @@ def test_what_multi_agent_runs_do_not_offer_yet_is_an_error():
     config = ma_config().evaluation(custom_evaluation_function=lambda algo, workers: {})
     with pytest.raises(ValueError, match="custom_evaluation_function=.*multi-agent"):
         config.validate()
-    config = ma_config().rl_module(model_config={"use_lstm": True})
-    with pytest.raises(ValueError, match="use_lstm"):
-        config.validate()
 
 
 def _trained(config, iterations=2):

@@ -36,6 +36,7 @@ from impala_jax.runtime.learning.policy_stack import PolicyStackLearner
 from impala_jax.runtime.multiagent.engine import MultiAgentEngine, MultiAgentSpec
 from impala_jax.runtime.multiagent.envs import make_multi_agent_env
 from impala_jax.runtime.multiagent.evaluation import MultiAgentEvaluationSpec, MultiAgentEvaluator
+from impala_jax.runtime.multiagent.lanes import RecurrentLayout
 from impala_jax.runtime.multiagent.sampler import EpisodeView, MultiAgentSampler, StackedActor
 
 DEFAULT_POLICY = "default_policy"
@@ -229,6 +230,9 @@ class MultiAgentIMPALA(IMPALA):
         obs_like = np.zeros(self.observation_space.shape, self.observation_space.dtype)
         params = self.learner.abstract_state.params
         action_like = np.zeros(self.action_space.shape, self.policy.action_dtype(params))
+        recurrent = None
+        if self.recurrent:  # the lanes carry the policy's state (policy.act: RecurrentActor)
+            recurrent = RecurrentLayout(self.policy.act.initial_state, self.networks.max_seq_len)
         return MultiAgentSampler(
             envs,
             self._T,
@@ -242,6 +246,7 @@ class MultiAgentIMPALA(IMPALA):
             seed=seed,
             to_env=self._to_env,
             runner_index=index,
+            recurrent=recurrent,
         )
 
     def _build_evaluator(self, seed: int, key) -> MultiAgentEvaluator:
@@ -274,10 +279,18 @@ class MultiAgentIMPALA(IMPALA):
 
     def get_module(self, module_id: str = DEFAULT_POLICY) -> Module | None:
         """Policy ``module_id`` for inference; None for an unknown id, as in RLlib."""
-        view = getattr(self, "_views", {}).get(module_id)
-        if view is None:
-            return None
-        return Module(self.networks, self.distribution, view)
+        actions = getattr(self, "_actions_by_policy", {}).get(module_id)
+        # Actions.module(): a clear ValueError for a recurrent policy, which acts with a state.
+        return None if actions is None else actions.module()
+
+    def get_initial_state(self, policy_id: str = DEFAULT_POLICY):
+        """Policy ``policy_id``'s recurrent state for one agent at an episode's start (RLlib's
+        ``get_initial_state``); ``{}`` for a feedforward policy."""
+        if policy_id not in self._actions_by_policy:
+            raise ValueError(
+                f"get_initial_state(policy_id={policy_id!r}): the policies are {self.policy_ids}."
+            )
+        return self._actions_by_policy[policy_id].initial_state()
 
     def compute_single_action(self, observation=None, state=None, *, policy_id=None, **kwargs):
         """One agent's action from policy ``policy_id`` (RLlib's keyword; required here)."""

@@ -123,12 +123,6 @@ def _not_with_multi_agent(v) -> None:
         value = v.value(name)
         if v.ok(name) and value != needed:
             v.fail(name, f"{why}; with multi_agent() it must be {needed!r}")
-    model_config = v.value("model_config")
-    if isinstance(model_config, Mapping) and model_config.get("use_lstm"):
-        v.fail(
-            "model_config",
-            "recurrent policies (use_lstm) in multi-agent runs are not offered yet",
-        )
     for hook in EPISODE_HOOKS:
         if v.ok(hook) and v.value(hook) is not None:
             v.fail(hook, "episode callbacks of multi-agent runs are not offered yet")

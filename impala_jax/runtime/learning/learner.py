@@ -174,8 +174,10 @@ class Learner:
         replicated = NamedSharding(self.mesh, parallel.REPLICATED)
         # Compiled as a run's own initial state is (XLA's backend optimizations round an
         # initializer's last bit differently): each member starts from a run alone's params
-        # bit for bit. One member after another (lax.map): XLA:CPU hangs on batched orthogonal
-        # initializers (jax.vmap's QRs) from about 28 members of a 256-256 MLP.
+        # bit for bit. One member after another (lax.map), not vmap: vmapped, the orthogonal
+        # initializers' QRs run batched, each LAPACK kernel waiting on XLA's CPU pool for its
+        # batch's tasks; on 2 cores the program never ended (an LSTM's two policies; a 256-256
+        # MLP's 28 members).
         init = jax.jit(partial(jax.lax.map, self.init_state), out_shardings=(replicated, None))
         keys = jnp.stack(keys)
         self.state, replay_keys = init.lower(keys).compile(FAST_COMPILE)(keys)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from impala_jax.core.types import Trajectory
@@ -243,7 +244,8 @@ class MultiAgentEngine:
         def zeros(x):
             if x is None:
                 return None
-            return np.zeros((M, x.shape[0], C, *x.shape[2:]), x.dtype)
+            # Leaf by leaf: a recurrent core_state is a pytree of [K, 1, ...] -> [M, K, C, ...].
+            return jax.tree.map(lambda a: np.zeros((M, a.shape[0], C, *a.shape[2:]), a.dtype), x)
 
         batch = Trajectory(*(zeros(x) for x in example))
         versions = np.full((M, C), -1, np.int64)
@@ -252,7 +254,9 @@ class MultiAgentEngine:
                 column = kept.popleft()
                 for name, field in zip(Trajectory._fields, column, strict=True):
                     if field is not None and name != "param_version":
-                        getattr(batch, name)[policy, :, c] = field[:, 0]
+                        out = jax.tree.leaves(getattr(batch, name))
+                        for leaf, x in zip(out, jax.tree.leaves(field), strict=True):
+                            leaf[policy, :, c] = x[:, 0]
                 versions[policy, c] = int(column.param_version[0])
         batch = batch._replace(param_version=np.maximum(versions, 0).astype(np.int32))
         return batch, versions.reshape(-1)

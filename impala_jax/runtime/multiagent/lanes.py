@@ -10,6 +10,13 @@ core/types.py: when an agent's episode ends, the next row holds its final observ
 a lane whose agent maps to another policy in a new episode hands its open fragment, padded, to the
 old policy first.
 
+Recurrent policies (``recurrent=RecurrentLayout(...)``): a lane also fills the recurrent fields
+of core/types.py as the single-agent runners do, in the agent's own timeline: the core state
+before rows 0, L, 2L, ... (L = ``max_seq_len``), and per row the agent's previous action and
+reward (those of the lane's row before) and ``reset`` (the row is the agent's first observation
+of an episode, where its state starts again from the initial one). ``carry`` is what the agent
+acts from at its current row; ``record`` takes the state its act returned.
+
 Pure NumPy bookkeeping: the caller steps the envs, runs the policies and calls, per env step,
 ``requests`` -> ``record`` (each request) -> ``env.step`` -> ``step_result``.
 """
@@ -19,8 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 
+from impala_jax.core.recurrent import num_chunks
 from impala_jax.core.types import Trajectory, empty_trajectory
 
 ALL = "__all__"  # RLlib's key for the whole env in terminateds/truncateds
@@ -29,6 +38,13 @@ ALL = "__all__"  # RLlib's key for the whole env in terminateds/truncateds
 TO_ACT = "to_act"  # obs[t] is known; the agent acts there next
 ACTED = "acted"  # action[t] is recorded; rewards add up in reward[t] until its next obs
 DONE = "done"  # obs[t] is its final observation (valid 0); the lane waits for a next episode
+
+
+class RecurrentLayout(NamedTuple):
+    """What lanes need of a recurrent policy (core/policy.py's ``RecurrentActor`` has both)."""
+
+    initial_state: Callable[[int], Any]  # n -> the state of n fresh envs, a pytree of [n, ...]
+    max_seq_len: int  # L: a fragment keeps the state before rows 0, L, 2L, ...
 
 
 class EndedEpisode(NamedTuple):
@@ -45,7 +61,7 @@ class EndedEpisode(NamedTuple):
 class _Lane:
     """One agent of one env: its open fragment and where it stands in it."""
 
-    __slots__ = ("policy", "frag", "t", "state", "version")
+    __slots__ = ("policy", "frag", "t", "state", "version", "core")
 
     def __init__(self, policy: int, frag: Trajectory):
         self.policy = policy
@@ -53,6 +69,7 @@ class _Lane:
         self.t = 0  # the row of the agent's latest observation
         self.state = TO_ACT
         self.version = -1  # param_version of the first action recorded in the fragment
+        self.core: list | None = None  # recurrent: the state's leaves before row t (no B axis)
 
 
 class _Episode:
@@ -74,7 +91,8 @@ class AgentLanes:
     ``obs_like``, ``action_like``: one agent's observation and action (shape and dtype of every
     agent's); ``dist_size``: the length of the distribution inputs an action is sampled from.
     ``map_agent(env_index, agent_id) -> policy index``: called at an agent's first observation in
-    an episode; the agent keeps that policy for the episode.
+    an episode; the agent keeps that policy for the episode. ``recurrent``: a recurrent policy's
+    layout (None: feedforward, no recurrent fields).
     """
 
     def __init__(
@@ -85,6 +103,7 @@ class AgentLanes:
         action_like: np.ndarray,
         dist_size: int,
         map_agent: Callable[[int, Any], int],
+        recurrent: RecurrentLayout | None = None,
     ):
         if T < 1:
             raise ValueError(f"T (rollout_fragment_length) must be at least 1, got {T}")
@@ -99,6 +118,13 @@ class AgentLanes:
         self._ended: list[EndedEpisode] = []
         self.env_steps = 0  # env steps taken so far
         self.agent_steps = 0  # acting steps of all agents so far
+        self.recurrent = recurrent
+        if recurrent is not None:
+            # One env's initial state: fragments are shaped by it, lanes start from its leaves.
+            self._initial = jax.tree.map(np.asarray, recurrent.initial_state(1))
+            leaves, self.core_treedef = jax.tree.flatten(self._initial)
+            self.initial_core = [leaf[0] for leaf in leaves]
+            self._chunks = num_chunks(T, recurrent.max_seq_len)
 
     # -- the caller's calls, in the order it makes them --------------------------------------
 
@@ -131,16 +157,36 @@ class AgentLanes:
                 out.append((env_index, aid, lane.policy, lane.frag.obs[lane.t, 0]))
         return out
 
+    def carry(self, env_index: int, agent_id: Any) -> tuple[list, Any, Any, Any]:
+        """A recurrent policy's carry for a requested agent's current row: ``(state leaves,
+        prev_action, prev_reward, reset)``, one env's, without the B axis (the state's leaves in
+        ``core_treedef`` order). Views, read-only by contract."""
+        lane = self._episodes[env_index].members[agent_id]
+        frag, t = lane.frag, lane.t
+        return lane.core, frag.prev_action[t, 0], frag.prev_reward[t, 0], frag.reset[t, 0]
+
     def record(
-        self, env_index: int, agent_id: Any, action: Any, dist_inputs: Any, param_version: int
+        self,
+        env_index: int,
+        agent_id: Any,
+        action: Any,
+        dist_inputs: Any,
+        param_version: int,
+        core: list | None = None,
     ) -> None:
         """The action a requested agent takes, the distribution inputs it was sampled from, and
-        the version of the params that computed them."""
+        the version of the params that computed them; for a recurrent policy also ``core``, the
+        state its act returned (leaves as ``carry`` gives them), which its next row starts from."""
         episode = self._running(env_index, "record")
         if agent_id not in episode.to_act:
             raise ValueError(
                 f"record(env_index={env_index}, agent_id={agent_id!r}): that agent was not asked "
                 f"to act (requests() asks for {list(episode.to_act)} in this env)"
+            )
+        if (core is None) != (self.recurrent is None):
+            raise ValueError(
+                f"record(env_index={env_index}, agent_id={agent_id!r}): core (the state after "
+                "the act) is given for a recurrent policy, and only then"
             )
         action = np.asarray(action)
         dist_inputs = np.asarray(dist_inputs)
@@ -152,6 +198,8 @@ class AgentLanes:
             )
         lane = episode.members[agent_id]
         frag, t = lane.frag, lane.t
+        if core is not None:
+            lane.core = [np.asarray(x) for x in core]
         frag.action[t, 0] = action
         frag.behaviour_logits[t, 0] = dist_inputs
         frag.valid[t, 0] = 1.0
@@ -292,23 +340,65 @@ class AgentLanes:
 
     # -- lanes --------------------------------------------------------------------------------
 
-    def _fresh(self, lane: _Lane, obs: np.ndarray) -> None:
-        """A new fragment for ``lane`` whose row 0 is ``obs``."""
+    def _fresh(self, lane: _Lane, obs: np.ndarray, before: Trajectory | None = None) -> None:
+        """A new fragment for ``lane`` whose row 0 is ``obs``: row T of ``before``, the lane's
+        last fragment, or (None) the agent's first observation of an episode."""
+        recurrent = {}
+        if self.recurrent is not None:
+            recurrent = dict(core_state=self._initial, chunks=self._chunks)
         lane.frag = empty_trajectory(
-            self.T, self._obs_like[None], self._action_like[None], self._dist_like, alloc=np.zeros
+            self.T,
+            self._obs_like[None],
+            self._action_like[None],
+            self._dist_like,
+            alloc=np.zeros,
+            **recurrent,
         )
         lane.frag.obs[0, 0] = obs
         lane.t = 0
         lane.version = -1
+        if self.recurrent is None:
+            return
+        if before is None:
+            self._carry_row(lane, self.initial_core, None, None, True)
+        else:
+            T = self.T
+            row = before.prev_action[T, 0], before.prev_reward[T, 0], bool(before.reset[T, 0])
+            self._carry_row(lane, lane.core, *row)
 
-    def _advance(self, lane: _Lane, obs: np.ndarray) -> None:
-        """``obs`` into the row after ``lane.t``; at row T the column is complete, and row T
-        becomes row 0 of the next fragment."""
+    def _advance(self, lane: _Lane, obs: np.ndarray, reset: bool = False) -> None:
+        """``obs`` into the row after ``lane.t`` (``reset``: the agent's first observation of
+        an episode); at row T the column is complete, and row T becomes row 0 of the next
+        fragment."""
         lane.t += 1
-        lane.frag.obs[lane.t, 0] = obs
-        if lane.t == self.T:
+        frag, t = lane.frag, lane.t
+        frag.obs[t, 0] = obs
+        if self.recurrent is not None:
+            # The agent's previous row in its own timeline is the lane's row before.
+            if reset:
+                self._carry_row(lane, self.initial_core, None, None, True)
+            else:
+                self._carry_row(
+                    lane, lane.core, frag.action[t - 1, 0], frag.reward[t - 1, 0], False
+                )
+        if t == self.T:
             self._emit(lane)
-            self._fresh(lane, obs)
+            self._fresh(lane, obs, before=frag)
+
+    def _carry_row(self, lane: _Lane, core: list, prev_action, prev_reward, reset: bool) -> None:
+        """Row ``lane.t``'s recurrent fields, as the single-agent runners record them
+        (env_runner.py, ``_record_carry``): the previous action and reward (None: zeros), the
+        reset flag, and at a chunk start (t % L == 0) the state before the row. An episode's
+        first row starts from the initial state (the core also zeroes it where ``reset``)."""
+        frag, t = lane.frag, lane.t
+        lane.core = core
+        L = self.recurrent.max_seq_len
+        if t % L == 0:
+            for stored, leaf in zip(jax.tree.leaves(frag.core_state), core, strict=True):
+                stored[t // L, 0] = leaf
+        frag.prev_action[t, 0] = 0 if prev_action is None else prev_action
+        frag.prev_reward[t, 0] = 0.0 if prev_reward is None else prev_reward
+        frag.reset[t, 0] = reset
 
     def _emit(self, lane: _Lane) -> None:
         lane.frag.param_version[0] = lane.version
@@ -342,7 +432,7 @@ class AgentLanes:
             lane.policy = policy
             self._fresh(lane, obs)
         else:  # same policy: the new episode follows the final-observation row
-            self._advance(lane, obs)
+            self._advance(lane, obs, reset=True)
         lane.state = TO_ACT
         episode.members[agent_id] = lane
         episode.to_act[agent_id] = None
@@ -358,6 +448,15 @@ class AgentLanes:
         if not frag.valid[:t, 0].any():
             return
         frag.obs[t + 1 :, 0] = frag.obs[t, 0]
+        if self.recurrent is not None:
+            # The padding rows' chunk starts hold the initial state (their other recurrent
+            # fields stay zero): every stored state is a real one, whatever the rows' mask.
+            L = self.recurrent.max_seq_len
+            for k in range(t // L + 1, self._chunks):
+                for stored, leaf in zip(
+                    jax.tree.leaves(frag.core_state), self.initial_core, strict=True
+                ):
+                    stored[k, 0] = leaf
         self._emit(lane)
 
     def _end(self, episode: _Episode) -> None:
