@@ -237,7 +237,7 @@ def test_the_stacked_act_equals_one_policys_recurrent_actor_on_each_lane_alone()
     sampler = MultiAgentSampler(
         envs, 5, np.zeros(2, np.float32), np.zeros((), np.int32), nets.dist_size,
         lambda aid, episode: aid, StackedActor.of(*make_act_fns(nets, distribution), True),
-        2, jax.random.key(0), seed=0, to_env=lambda a, aid: int(a),
+        2, jax.random.key(0), seed=0, to_env=lambda actions: [int(a) for a in actions],
         recurrent=RecurrentLayout(lone.initial_state, nets.max_seq_len),
     )  # fmt: skip
     record, checked, resets = sampler.lanes.record, [0], [0]
