@@ -136,7 +136,8 @@ def readme_commands(text: str) -> list[str]:
             line = re.sub(r"^[\w-]+\$ ", "", line.strip())
             if line:
                 found.append(" ".join(line.split()))
-    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    # A fenced block may be indented (a list item's own code block).
+    prose = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", text, flags=re.S | re.M)
     for span in re.findall(r"`([^`]+)`", prose):
         span = " ".join(span.split())
         if SHELL_SPAN.match(span):
