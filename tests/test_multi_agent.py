@@ -146,6 +146,38 @@ def test_one_shared_policy_over_every_agent():
         algo.stop()
 
 
+@pytest.mark.parametrize("count_steps_by", ["env_steps", "agent_steps"])
+def test_a_train_batch_counts_what_count_steps_by_names(count_steps_by):
+    # Lockstep, two agents alive from the start: a batch of 32 agent steps is about 16 env
+    # steps, one of 32 env steps at least 32. The first update waits for a first column.
+    config = ma_config().multi_agent(count_steps_by=count_steps_by)
+    with config.build() as algo:
+        algo.engine.next_update()
+        sampled = algo.engine.num_env_steps_sampled_lifetime
+    if count_steps_by == "env_steps":
+        assert sampled >= 32
+    else:
+        assert sampled < 32
+
+
+def test_a_policys_own_config_overrides_its_numbers():
+    # p0's lr is 0 (its params never move), p1 takes the config's.
+    config = ma_config().multi_agent(policies={"p0": (None, None, None, {"lr": 0.0}), "p1": None})
+    with config.build() as algo:
+        before = algo.get_weights()
+        result = algo.train()
+        after = algo.get_weights()
+    learners = result["learners"]
+    assert learners["p0"]["default_optimizer_learning_rate"] == 0.0
+    assert learners["p1"]["default_optimizer_learning_rate"] == pytest.approx(1e-3)
+    for a, b in zip(jax.tree.leaves(before["p0"]), jax.tree.leaves(after["p0"]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(
+        not np.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(before["p1"]), jax.tree.leaves(after["p1"]), strict=True)
+    )
+
+
 def test_runner_threads_and_agent_step_counting():
     config = ma_config(num_env_runners=2).multi_agent(count_steps_by="agent_steps")
     algo, results = _trained(config, iterations=2)
@@ -162,8 +194,11 @@ def test_a_mapping_to_an_unknown_policy_names_it():
         config.build()
 
 
-def test_rllib_tuned_multi_agent_example_runs_with_its_import_swapped(tmp_path):
-    example = REPO / "tests" / "rllib_examples" / "multi_agent_cartpole_impala.py"
+@pytest.mark.parametrize(
+    "name", ["multi_agent_cartpole_impala", "multi_agent_stateless_cartpole_impala"]
+)
+def test_rllib_tuned_multi_agent_examples_run_with_their_import_swapped(name, tmp_path):
+    example = REPO / "tests" / "rllib_examples" / f"{name}.py"
     command = [
         sys.executable,
         "-m",
@@ -259,10 +294,18 @@ def test_episode_callbacks_are_an_error_and_algorithm_hooks_run():
     with pytest.raises(ValueError, match="on_episode_end of multi-agent runs"):
         ma_config().callbacks(EpisodeEnd).build()
     seen = []
-    config = ma_config().callbacks(on_train_result=lambda **kw: seen.append(kw["result"]))
+
+    def on_train_result(*, result, metrics_logger, **kwargs):
+        seen.append(result)
+        metrics_logger.log_value("my_count", len(seen), reduce="sum")
+
+    config = ma_config().callbacks(on_train_result=on_train_result)
     with config.build() as algo:
         algo.train()
+        second = algo.train()
     assert seen and "p0" in seen[0]["learners"]
+    # What an algorithm-level hook logs lands in the next result, as in single-agent runs.
+    assert second["my_count"] == 1
 
 
 def test_the_readme_multi_agent_example_runs():

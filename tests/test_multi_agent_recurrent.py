@@ -9,8 +9,6 @@ test_recurrent.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import zlib
 
 import gymnasium as gym
@@ -26,7 +24,7 @@ from impala_jax.core.recurrent import make_recurrent_networks
 from impala_jax.runtime.multiagent.envs import make_multi_agent_env
 from impala_jax.runtime.multiagent.lanes import AgentLanes, RecurrentLayout
 from impala_jax.runtime.multiagent.sampler import MultiAgentSampler, StackedActor
-from tests.test_multi_agent import REPO, ma_config
+from tests.test_multi_agent import ma_config
 from tests.test_multi_agent_lanes import action_of, ob, step
 
 # -- lanes: the recurrent fields row by row ----------------------------------------------------
@@ -387,22 +385,3 @@ def test_multi_agent_stateless_cartpole_trains_a_recurrent_policy_per_agent(num_
         assert jax.tree.structure(again[1]) == jax.tree.structure(state)
         with pytest.raises(ValueError, match="recurrent one"):
             algo.get_module("p0")
-
-
-def test_rllib_tuned_multi_agent_stateless_cartpole_example_runs_with_its_import_swapped(tmp_path):
-    example = REPO / "tests" / "rllib_examples" / "multi_agent_stateless_cartpole_impala.py"
-    command = [
-        sys.executable,
-        "-m",
-        "impala_jax.run",
-        "--quiet",
-        "--logdir",
-        str(tmp_path),
-        str(example),
-        "--stop",
-        "training_iteration=1",
-        "--",
-        "--num-env-runners=1",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

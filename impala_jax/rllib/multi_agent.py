@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from impala_jax.core.policy import make_act_fns
-from impala_jax.rllib import specs
+from impala_jax.rllib import diagnostics, specs
 from impala_jax.rllib.algorithm import IMPALA
 from impala_jax.rllib.callbacks import EPISODE_HOOKS
 from impala_jax.rllib.module import Actions, Module
@@ -33,6 +33,7 @@ from impala_jax.runtime.acting.policy import make_policy
 from impala_jax.runtime.envs.vec_env import ActionAdapter
 from impala_jax.runtime.learning import program_cache
 from impala_jax.runtime.learning.policy_stack import PolicyStackLearner
+from impala_jax.runtime.metrics import deep_merge
 from impala_jax.runtime.multiagent.engine import MultiAgentEngine, MultiAgentSpec
 from impala_jax.runtime.multiagent.envs import make_multi_agent_env
 from impala_jax.runtime.multiagent.evaluation import MultiAgentEvaluationSpec, MultiAgentEvaluator
@@ -213,12 +214,14 @@ class MultiAgentIMPALA(IMPALA):
             spec, fault, make_sampler, self.learner, actor_device, self.policy_ids
         )
         self.param_store = self.engine.param_store
-        self._views = {
-            pid: PolicyView(self.param_store, i) for i, pid in enumerate(self.policy_ids)
-        }
         self._actions_by_policy = {
-            pid: Actions(self.policy, view, self._adapter, jax.random.fold_in(actor_key, i))
-            for i, (pid, view) in enumerate(self._views.items())
+            pid: Actions(
+                self.policy,
+                PolicyView(self.param_store, i),
+                self._adapter,
+                jax.random.fold_in(actor_key, i),
+            )
+            for i, pid in enumerate(self.policy_ids)
         }
         self._evaluator = self._build_evaluator(seed, keys[-1])
 
@@ -344,8 +347,6 @@ class MultiAgentIMPALA(IMPALA):
         ]
 
     def _check_learner(self, learners: list[dict]) -> None:
-        from impala_jax.rllib import diagnostics
-
         (modules,) = learners
         for pid, learner in modules.items():
             message = diagnostics.non_finite_message(learner)
@@ -354,7 +355,8 @@ class MultiAgentIMPALA(IMPALA):
                 raise FloatingPointError(f"policy {pid!r}: {message}")
 
     def _finish_result(self, result: dict, learner: dict) -> dict:
-        return result
+        """What the algorithm's hooks logged (the dead-policy report reads one module)."""
+        return deep_merge(result, self.metrics.reduce())
 
 
 def _one_space_pair(spaces: Mapping, policy_specs_: Mapping) -> tuple:

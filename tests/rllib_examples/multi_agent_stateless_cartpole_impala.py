@@ -34,11 +34,6 @@ register_env(
 config = (
     IMPALAConfig()
     .environment("multi_stateless_cart", env_config={"num_agents": args.num_agents})
-    # TODO (sven): Need to fix the MeanStdFilter(). It seems to cause NaNs when
-    #  training.
-    # .env_runners(
-    #    env_to_module_connector=lambda env: MeanStdFilter(multi_agent=True),
-    # )
     .training(
         train_batch_size_per_learner=600,
         learner_queue_size=1,

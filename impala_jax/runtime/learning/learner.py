@@ -176,8 +176,7 @@ class Learner:
         # initializer's last bit differently): each member starts from a run alone's params
         # bit for bit. One member after another (lax.map), not vmap: vmapped, the orthogonal
         # initializers' QRs run batched, each LAPACK kernel waiting on XLA's CPU pool for its
-        # batch's tasks; on 2 cores the program never ended (an LSTM's two policies; a 256-256
-        # MLP's 28 members).
+        # batch's tasks, and with few cores the program never ends.
         init = jax.jit(partial(jax.lax.map, self.init_state), out_shardings=(replicated, None))
         keys = jnp.stack(keys)
         self.state, replay_keys = init.lower(keys).compile(FAST_COMPILE)(keys)

@@ -135,7 +135,7 @@ class MultiAgentEngine:
                 self._restarts += 1
         logger.warning("multi-agent runner %d failed: %s: %s", index, type(err).__name__, err)
         if restart:
-            self._samplers[index].close(quietly=True)
+            self._samplers[index].close()
             if self._stop.wait(fault_spec.delay_between_env_runner_restarts_s):
                 return None
             self._samplers[index] = self._make_sampler(index)
@@ -300,4 +300,4 @@ class MultiAgentEngine:
         for thread in self._threads:
             thread.join(timeout=10)
         for sampler in self._samplers:
-            sampler.close(quietly=True)
+            sampler.close()

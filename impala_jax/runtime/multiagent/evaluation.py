@@ -95,7 +95,7 @@ class MultiAgentEvaluator:
         except Exception as err:  # raised by evaluate() in the caller's thread
             box["error"] = err
         finally:
-            sampler.close(quietly=True)
+            sampler.close()
         if unit == "episodes" and wanted != "auto":
             del box["episodes"][wanted:]  # the first ones to end, as RLlib counts
 

@@ -14,6 +14,7 @@ reward, reset flag: lanes.py keeps them per lane), gathered into ``[M, C, ...]``
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -22,6 +23,8 @@ import numpy as np
 
 from impala_jax.core.types import Trajectory
 from impala_jax.runtime.multiagent.lanes import AgentLanes, EndedEpisode, RecurrentLayout
+
+logger = logging.getLogger(__name__)
 
 
 class StepOutput(NamedTuple):
@@ -195,12 +198,11 @@ class MultiAgentSampler:
         state = jax.tree.unflatten(lanes.core_treedef, leaves)
         return state, prev_action, prev_reward, reset
 
-    def close(self, quietly: bool = False) -> None:
-        """Closes the envs; ``quietly``: an env that fails to close (it may be what failed)
+    def close(self) -> None:
+        """Closes the envs; one that fails to close (it may be what failed) is logged and
         does not stop the others closing."""
         for env in self.envs:
             try:
                 env.close()
-            except Exception:
-                if not quietly:
-                    raise
+            except Exception as err:
+                logger.warning("a multi-agent env failed to close: %s: %s", type(err).__name__, err)
