@@ -160,6 +160,16 @@ def test_stateless_cartpole_needs_the_lstm_to_reach_350():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_lstm_on_device_reaches_350_on_stateless_cartpole_in_jax():
+    """experiments/stateless_cartpole_jax.py: the LSTM's state carried through the on-device
+    rollout; RLlib's tuned target for stateless CartPole, 350 within 2 M env steps."""
+    config = experiment("stateless_cartpole_jax")
+    best, result = train_until(config, "episode_return_mean", 350, 2_000_000)
+    assert best >= 350, result["env_runners"]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_policies_reach_rllibs_multi_agent_cartpole_stop():
     """experiments/multi_agent_cartpole.py (RLlib's tuned multi-agent CartPole, two policies in

@@ -69,8 +69,8 @@ def test_host_and_device_rollouts_give_identical_trajectories():
         obs = np.asarray(obs)
         return (obs[:, 1] > 0).astype(np.int32), obs[:, :2].copy(), key
 
-    def device_policy(params, obs, keys):
-        return (obs[:, 1] > 0).astype(jnp.int32), obs[:, :2]
+    def device_policy(params, obs, keys, policy_carry=()):
+        return (obs[:, 1] > 0).astype(jnp.int32), obs[:, :2], None
 
     runner = EnvRunner(
         specs.runner_spec(config),
@@ -311,7 +311,6 @@ def _flatten(d: dict, prefix: str = "") -> set[str]:
     "change, field",
     [
         (lambda c: c.training(broadcast_interval=2), "broadcast_interval"),
-        (lambda c: c.rl_module(model_config={"use_lstm": True}), "model_config"),
         (lambda c: c.callbacks(on_episode_end=lambda **kw: None), "on_episode_end"),
         (lambda c: c.env_runners(inference_backend="numpy"), "inference_backend"),
         (lambda c: c.training(minibatch_buffer_size=2, num_epochs=2), "minibatch_buffer_size"),

@@ -107,9 +107,20 @@ class RecurrentActor:
 
 
 def initial_carry(actor, n: int, action_space):
-    """A recurrent actor's carry for ``n`` fresh envs: zero state, every row a reset row."""
+    """A recurrent policy's carry for ``n`` fresh envs: zero state, every row a reset row.
+    ``actor``: anything with ``initial_state(n)``: a ``RecurrentActor`` (host arrays, for the
+    runners) or the ``RecurrentNetworks`` (traced arrays, for the on-device rollout)."""
     discrete = not getattr(action_space, "shape", ())
     prev_action = (
         np.zeros(n, np.int32) if discrete else np.zeros((n, *action_space.shape), np.float32)
     )
     return actor.initial_state(n), prev_action, np.zeros(n, np.float32), np.ones(n, bool)
+
+
+def next_carry(state, action, reward, obs_was_final):
+    """The carry the next row is acted from, after a row acted with ``action`` to ``state``
+    earned ``reward``: an observation that was final (``obs_was_final``, next-step autoreset:
+    the step ignores the action and resets) makes the next row a reset row, whose state,
+    previous action and previous reward the networks zero (core/recurrent.py). The host
+    runners (env_runner.py) and the on-device rollout (core/rollout.py) both carry this."""
+    return state, action, reward, obs_was_final

@@ -11,6 +11,12 @@ V-trace, the loss and the masks need no change.
 Every random draw of env ``i`` (its steps, its resets, its sampled actions) comes from its own
 key in ``EnvCarry.key``, split once per step: a run gives the same envs and actions however its
 envs are split over devices.
+
+A recurrent policy (core/recurrent.py) carries its per-env ``(state, prev_action, prev_reward,
+reset)`` in ``EnvCarry.policy`` from row to row, exactly as the host runners carry it
+(core/policy.py's ``initial_carry`` and ``next_carry``, written once for both), and its
+fragments hold the same recurrent fields row for row (types.py): the state before rows 0, L,
+2L, ... and each row's previous action, previous reward and reset flag.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
-from impala_jax.core.policy import act
+from impala_jax.core.policy import act, initial_carry, next_carry
 from impala_jax.core.types import Trajectory, with_bootstrap
 
 
@@ -44,6 +50,8 @@ class EnvCarry(NamedTuple):
     key: jax.Array  # [B] PRNG keys, one per env
     episode_return: jax.Array  # [B] float32: the running episode's return so far
     episode_len: jax.Array  # [B] int32
+    # A recurrent policy's (state, prev_action, prev_reward, reset) per env; () otherwise.
+    policy: Any = ()
 
 
 class Episodes(NamedTuple):
@@ -54,8 +62,10 @@ class Episodes(NamedTuple):
     episode_len: jax.Array  # int32: its length (0 where not ended)
 
 
-def reset_envs(env: JaxEnv, key: jax.Array, num_envs: int) -> EnvCarry:
-    """``num_envs`` fresh envs; env ``i``'s key is ``split(key, num_envs)[i]``."""
+def reset_envs(env: JaxEnv, key: jax.Array, num_envs: int, networks=None) -> EnvCarry:
+    """``num_envs`` fresh envs; env ``i``'s key is ``split(key, num_envs)[i]``. ``networks``: a
+    recurrent policy's (core/recurrent.py), whose carry the envs start with (``initial_carry``:
+    zero state, every row a reset row); None for a feedforward policy."""
     keys = jax.random.split(key, num_envs)
     split = jax.vmap(jax.random.split)(keys)  # [B, 2]: the env's next key, its reset key
     obs, state = jax.vmap(env.reset)(split[:, 1])
@@ -66,6 +76,7 @@ def reset_envs(env: JaxEnv, key: jax.Array, num_envs: int) -> EnvCarry:
         key=split[:, 0],
         episode_return=jnp.zeros(num_envs, jnp.float32),
         episode_len=jnp.zeros(num_envs, jnp.int32),
+        policy=() if networks is None else initial_carry(networks, num_envs, env.action_space),
     )
 
 
@@ -106,32 +117,45 @@ def step_envs(
     episode_len = carry.episode_len + real.astype(jnp.int32)
     done = terminated | truncated
     episodes = Episodes(done, jnp.where(done, episode_return, 0.0), jnp.where(done, episode_len, 0))
-    carry = EnvCarry(
+    carry = carry._replace(
         state=state,
         obs=obs,
         prev_done=done,
-        key=carry.key,
         episode_return=jnp.where(done, 0.0, episode_return),
         episode_len=jnp.where(done, 0, episode_len),
     )
     return carry, reward, terminated, truncated, episodes
 
 
-def make_rollout(env: JaxEnv, policy: Callable, to_env_action: Callable, T: int) -> Callable:
+def recurrent(policy_carry) -> bool:
+    """Whether ``EnvCarry.policy`` is a recurrent policy's carry (``()`` for a feedforward one)."""
+    return policy_carry != ()
+
+
+def make_rollout(
+    env: JaxEnv, policy: Callable, to_env_action: Callable, T: int, max_seq_len: int = 0
+) -> Callable:
     """``rollout(params, carry) -> (carry, Trajectory, Episodes)``: ``T`` steps of every env.
 
-    ``policy(params, obs, keys) -> (action, dist_inputs)`` acts for the whole batch with one key
-    per env; ``to_env_action`` maps a policy action to the env's (bounds, offsets). The
-    Trajectory's ``param_version`` is None: the caller knows which params acted.
+    ``policy(params, obs, keys, policy_carry) -> (action, dist_inputs, state)`` acts for the
+    whole batch with one key per env (``make_policy_fn``); ``to_env_action`` maps a policy
+    action to the env's (bounds, offsets). The Trajectory's ``param_version`` is None: the
+    caller knows which params acted. A carry with a recurrent policy's ``policy`` (see
+    ``reset_envs``) gives fragments with the recurrent fields, the state kept before every
+    ``max_seq_len``-th row.
     """
 
     def row(params, carry: EnvCarry):
         carry, keys = step_keys(carry)
         obs, valid = carry.obs, ~carry.prev_done
-        action, dist_inputs = policy(params, obs, keys[:, 0])
+        action, dist_inputs, state = policy(params, obs, keys[:, 0], carry.policy)
+        # What the row was acted from, before the step (the policy's carry of this row).
+        acted_from = carry.policy
         carry, reward, terminated, truncated, episodes = step_envs(
             env, carry, to_env_action(action), keys
         )
+        if recurrent(acted_from):  # obs being final (~valid) makes the next row a reset row
+            carry = carry._replace(policy=next_carry(state, action, reward, ~valid))
         out = Trajectory(
             obs=obs,
             action=action,
@@ -142,24 +166,46 @@ def make_rollout(env: JaxEnv, policy: Callable, to_env_action: Callable, T: int)
             valid=valid.astype(jnp.float32),
             param_version=None,
         )
-        return carry, (out, episodes)
+        return carry, (out, acted_from, episodes)
 
     def rollout(params, carry: EnvCarry):
-        carry, (rows, episodes) = jax.lax.scan(lambda c, _: row(params, c), carry, None, length=T)
-        return carry, with_bootstrap(rows, obs=carry.obs), episodes
+        carry, (rows, acted_from, episodes) = jax.lax.scan(
+            lambda c, _: row(params, c), carry, None, length=T
+        )
+        rows = with_bootstrap(rows, obs=carry.obs)
+        if not recurrent(carry.policy):
+            return carry, rows, episodes
+        # Row T (the bootstrap row, the next fragment's row 0) is acted from the carry now.
+        add_last = lambda r, last: jnp.concatenate([r, last[None]])  # noqa: E731
+        states, prev_action, prev_reward, reset = jax.tree.map(add_last, acted_from, carry.policy)
+        rows = rows._replace(
+            core_state=jax.tree.map(lambda s: s[::max_seq_len], states),
+            prev_action=prev_action,
+            prev_reward=prev_reward,
+            reset=reset,
+        )
+        return carry, rows, episodes
 
     return rollout
 
 
 def make_policy_fn(networks, distribution, explore: bool = True) -> Callable:
-    """``policy(params, obs, keys) -> (action, dist_inputs)`` for ``make_rollout``: ``act``
-    (core/policy.py) with one key per env, so env ``i`` samples with ``keys[i]``
-    (``explore``), or every env takes the distribution's mode."""
+    """``policy(params, obs, keys, policy_carry=()) -> (action, dist_inputs, state)`` for
+    ``make_rollout``: ``act`` (core/policy.py) with one key per env, so env ``i`` samples with
+    ``keys[i]`` (``explore``), or every env takes the distribution's mode. ``policy_carry``: a
+    recurrent policy's carry (``EnvCarry.policy``), ``()`` for a feedforward one (whose
+    ``state`` is None)."""
 
-    def policy(params, obs, keys):
-        action, dist_inputs, _ = act(
-            networks, distribution, params, obs, keys, explore, per_env_keys=True
+    def policy(params, obs, keys, policy_carry=()):
+        return act(
+            networks,
+            distribution,
+            params,
+            obs,
+            keys,
+            explore,
+            carry=policy_carry if recurrent(policy_carry) else None,
+            per_env_keys=True,
         )
-        return action, dist_inputs
 
     return policy

@@ -69,8 +69,6 @@ def check_device_fields(v: Any) -> None:
                 "expected 1 on device, where each batch's num_epochs passes run inside the "
                 "update's program; raise num_epochs alone",
             )
-    if v.ok("model_config") and (v.value("model_config") or {}).get("use_lstm"):
-        v.fail("model_config", "use_lstm is not offered on device yet; use a host env id")
     for hook in _PER_STEP_HOOKS:
         if v.ok(hook) and v.value(hook):
             v.fail(hook, "expected None: per-step hooks cannot run inside the compiled rollout")

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from impala_jax.core.policy import initial_carry
+from impala_jax.core.policy import initial_carry, next_carry
 from impala_jax.core.recurrent import num_chunks
 from impala_jax.core.types import Trajectory, empty_trajectory
 from impala_jax.runtime.acting.episode_hooks import (
@@ -187,9 +187,9 @@ class EnvGroup:
             else:
                 action, dist_inputs, state = rec.greedy(params, self.obs, self.carry)
             action = np.asarray(action)
-            # The reward comes after the step; obs being a final observation (prev_done) makes
+            # The reward comes with receive; obs being a final observation (prev_done) makes
             # the next row a reset row (next-step autoreset).
-            self.carry = (state, action, None, self.prev_done.copy())
+            self.carry = next_carry(state, action, None, self.prev_done.copy())
             return action, dist_inputs, key
         if explore:
             action, dist_inputs, key = self._act(params, self.obs, key)
@@ -237,7 +237,7 @@ class EnvGroup:
         self.obs = obs
         if self.carry is not None:
             state, action, _, reset = self.carry
-            self.carry = (state, action, np.asarray(reward, np.float32), reset)
+            self.carry = next_carry(state, action, np.asarray(reward, np.float32), reset)
         return real
 
     def step(self, action: np.ndarray, callbacks=None, log=None, limit=None) -> np.ndarray:

@@ -75,13 +75,21 @@ def device_rollout(spec, env, policy):
         make_policy_fn(policy.networks, policy.distribution, spec.explore),
         action_map(env.action_space, spec.normalize_actions, spec.clip_actions),
         spec.rollout_fragment_length,
+        max_seq_len=policy.networks.max_seq_len if policy.recurrent else 0,
     )
 
 
-def initial_envs(env, seed: int, restores: int, num_envs: int) -> EnvCarry:
-    """A run's envs: from ``seed``'s key, and after each restore from a new one."""
+def recurrent_networks(policy):
+    """The networks whose carry the envs start with (``reset_envs``): a recurrent policy's,
+    else None."""
+    return policy.networks if policy.recurrent else None
+
+
+def initial_envs(env, seed: int, restores: int, num_envs: int, networks=None) -> EnvCarry:
+    """A run's envs: from ``seed``'s key, and after each restore from a new one; ``networks``:
+    ``recurrent_networks(policy)``."""
     key = jax.random.fold_in(jax.random.key(seed), restores)
-    return jax.jit(reset_envs, static_argnums=(0, 2))(env, key, num_envs)
+    return jax.jit(reset_envs, static_argnums=(0, 2, 3))(env, key, num_envs, networks)
 
 
 def acting_ring(params, lag: int, seeds: bool = False):
@@ -270,7 +278,8 @@ def pure_functions(spec, env, policy, learner):
     def init(key):
         learner_key, _ = jax.random.split(key)  # run_keys
         state, replay_key = learner.init_state(learner_key)
-        carry = reset_envs(env, jax.random.fold_in(key, 0), num_envs)  # initial_envs
+        envs_key = jax.random.fold_in(key, 0)  # initial_envs
+        carry = reset_envs(env, envs_key, num_envs, recurrent_networks(policy))
         replay = () if example is None else learner.replay_slots_of(replay_key, example)
         ring = () if not lag else jax.tree.map(lambda x: jnp.stack([x] * lag), state.params)
         return TrainCarry(state, replay, carry, ring)
@@ -330,7 +339,10 @@ class DeviceEngine:
         )
 
     def _reset_envs(self) -> EnvCarry:
-        carries = [initial_envs(self._env, s, self._restores, self.num_envs) for s in self._seeds]
+        networks = recurrent_networks(self._policy)
+        carries = [
+            initial_envs(self._env, s, self._restores, self.num_envs, networks) for s in self._seeds
+        ]
         if not self._grouped:
             return parallel.put(carries[0], self.learner.mesh, parallel.LEADING, may_alias=False)
         stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *carries)
