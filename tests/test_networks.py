@@ -83,6 +83,16 @@ def test_auto_encoder_picks_nature_cnn_for_images():
     assert params["encoder"]["Dense_0"]["kernel"].shape == (7 * 7 * 64, 512)
 
 
+@pytest.mark.parametrize("shape", [(10, 5), (2, 3, 4, 5), ()])
+def test_auto_encoder_flattens_what_is_not_an_image(shape):
+    # bsuite's Catch (10, 5) and DeepSea (8, 8) boards are 2-D: "auto" flattens them for the
+    # MLP (it used to raise and ask for encoder="mlp").
+    space = gym.spaces.Box(-1.0, 1.0, shape, np.float32)
+    nets = make_networks({"fcnet_hiddens": [8]}, space, gym.spaces.Discrete(3))
+    params, _, _ = _check_outputs(nets, _obs(space, 2), 2, 3)
+    assert params["encoder"]["Dense_0"]["kernel"].shape == (int(np.prod(shape)), 8)
+
+
 def test_conv_filters_override_and_channel_last_images():
     obs_space = gym.spaces.Box(0, 255, (16, 16, 3), np.uint8)
     nets = make_networks(

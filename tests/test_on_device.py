@@ -243,6 +243,13 @@ def test_gymnax_asterix_steps_on_device():
     assert result["num_env_steps_sampled_lifetime"] >= 640
 
 
+@pytest.mark.parametrize("env", ["gymnax:Catch-bsuite", "gymnax:DeepSea-bsuite"])
+def test_bsuites_2d_boards_train_with_the_default_encoder(env):
+    """The README's "any gymnax id": bsuite's 2-D observations with encoder "auto"."""
+    (result,), _ = _train(_small().environment(env), 1)
+    assert result["num_env_steps_sampled_lifetime"] >= 640
+
+
 @pytest.mark.slow
 def test_the_same_seed_twice_is_bit_identical_and_another_seed_is_not():
     a, params_a = _train(_small(lag=1), 3)

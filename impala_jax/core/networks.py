@@ -29,6 +29,8 @@ Observations:
   Rule: the shape is channel-first when its first dim is <= 4 and its last dim is > 4 (a frame
   stack or colour depth of at most 4 in front of an image side); it is then transposed to NHWC.
 - Discrete(n) observations are one-hot encoded and go through the MLP.
+- `encoder="auto"` gives a 3-D Box the Nature CNN and flattens any other Box (a vector, or a
+  2-D grid such as bsuite's Catch and DeepSea boards) for the MLP.
 """
 
 from __future__ import annotations
@@ -288,16 +290,8 @@ def resolve_encoder(encoder: str, observation_space: gym.Space) -> str:
             "3-D image) or a Discrete space."
         )
     shape = observation_space.shape
-    if encoder == "auto":
-        if len(shape) == 1:
-            return "mlp"
-        if len(shape) == 3:
-            return "nature_cnn"
-        raise ValueError(
-            f"Observation space {observation_space} has shape {shape}: 'auto' handles 1-D vectors "
-            "(mlp) and 3-D images (nature_cnn). Set model_config['encoder'] explicitly, e.g. "
-            "'mlp' to flatten it."
-        )
+    if encoder == "auto":  # a 3-D image gets the CNN; anything else is flattened for the MLP
+        return "nature_cnn" if len(shape) == 3 else "mlp"
     if encoder in ("nature_cnn", "impala_cnn") and len(shape) != 3:
         raise ValueError(
             f"encoder={encoder!r} needs 3-D image observations, got {observation_space}."
