@@ -465,9 +465,9 @@ def test_on_device_envs_get_distinct_keys():
     n, T = 8, 120
     env = make_jax_env(ENV)
 
-    def coin_policy(params, obs, keys):  # a fair coin per env, from that env's key
+    def coin_policy(params, obs, keys, policy_carry=()):  # a fair coin per env, from its key
         action = jax.vmap(lambda k: jax.random.bernoulli(k).astype(jnp.int32))(keys)
-        return action, jnp.zeros((n, 2))
+        return action, jnp.zeros((n, 2)), None
 
     carry = initial_envs(env, 3, 0, n)
     first_obs = np.asarray(carry.obs)

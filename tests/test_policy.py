@@ -81,13 +81,13 @@ def test_the_rollout_samples_env_i_with_key_i(space):
     nets, dist, params, obs = _policy(SPACES[space])
     policy = make_policy_fn(nets, dist, explore=True)
     keys = jax.random.split(jax.random.key(4), B)
-    action, _ = policy(params, obs, keys)
+    action, _, _ = policy(params, obs, keys)
     halves = [policy(params, obs[s], keys[s])[0] for s in (slice(0, B // 2), slice(B // 2, B))]
     np.testing.assert_array_equal(action, jnp.concatenate(halves))
     dist_inputs, _ = nets.apply(params, obs)
     for i in (0, 7, B - 1):
         _same_sample(action[i], dist.sample(keys[i], dist_inputs[i : i + 1])[0])
-    greedy, _ = make_policy_fn(nets, dist, explore=False)(params, obs, keys)
+    greedy, _, _ = make_policy_fn(nets, dist, explore=False)(params, obs, keys)
     np.testing.assert_array_equal(greedy, dist.mode(dist_inputs))
 
 
