@@ -187,7 +187,8 @@ class IMPALA(TrainingLoop, Checkpointable):
         if self._on_device:
             env = make_jax_env(config.env, config.env_config)
             spec = specs.device_spec(config)
-            engine = DeviceEngine(spec, env, self.policy, self.learner, actor_device, [seed])
+            # The run's seed on every process: each makes its part of the one run's envs.
+            engine = DeviceEngine(spec, env, self.policy, self.learner, actor_device, [self._seed])
         else:
             self.env_runner_group = EnvRunnerGroup(
                 specs.runner_spec(config),

@@ -131,6 +131,11 @@ class Population:
                 "in one program needs an env written in JAX ('gymnax:<id>' or a gymnax "
                 "Environment). Sweep host envs with Ray Tune (rllib/ray_tune.py)."
             )
+        if jax.process_count() > 1:
+            raise ValueError(
+                f"Population(num_members={num_members}) trains its members in one process's "
+                "program; over several processes (--num-processes) run one IMPALA per member."
+            )
         use_compile_cache()  # as IMPALA: the compiled programs kept for the next process
         initialize_lapack()
         if scheduler is not None and not isinstance(scheduler, PopulationBasedTraining):

@@ -8,6 +8,13 @@ learner's own per-device step (replay, schedules, loss, optimizer) on the same d
 the batch axis. Over a member axis the same program trains a group of seeds side by side
 (rllib/seed_group.py).
 
+Over several processes (runtime/process/distributed.py) the learner's mesh spans every
+process's devices and the program is the same one: each process steps the envs of its own
+devices (the envs of one process's run, split: ``initial_envs``), the gradient mean runs over
+all devices, and each iteration's ended episodes are gathered from all processes in the order
+one process reads them (``gathered_episodes``), so every process reports what one process
+would.
+
 ``policy_lag`` = k: the envs act with the params of k updates before (the params before the
 last k updates, kept in a ring on device); 0 acts with the params being updated, so every
 importance weight of the first minibatch is 1 (bit for bit where the envs fill XLA's larger
@@ -22,6 +29,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from impala_jax.core import hyperparams, optim
@@ -38,6 +46,7 @@ from impala_jax.runtime.engine import DeviceSpec, Report, Update
 from impala_jax.runtime.envs.jax_envs import action_map, check_device_actions
 from impala_jax.runtime.learning import parallel, program_cache
 from impala_jax.runtime.metrics import Timers
+from impala_jax.runtime.process import collectives
 
 
 def _merge_rollouts(x):
@@ -85,11 +94,28 @@ def recurrent_networks(policy):
     return policy.networks if policy.recurrent else None
 
 
-def initial_envs(env, seed: int, restores: int, num_envs: int, networks=None) -> EnvCarry:
+def initial_envs(
+    env, seed: int, restores: int, num_envs: int, networks=None, mesh=None
+) -> EnvCarry:
     """A run's envs: from ``seed``'s key, and after each restore from a new one; ``networks``:
-    ``recurrent_networks(policy)``."""
+    ``recurrent_networks(policy)``. ``mesh``: the envs split along their axis over its
+    devices; over several processes each process makes the envs of its own devices, the same
+    envs as one process makes (env i's key is ``split(key, num_envs)[i]`` wherever it runs)."""
     key = jax.random.fold_in(jax.random.key(seed), restores)
-    return jax.jit(reset_envs, static_argnums=(0, 2, 3))(env, key, num_envs, networks)
+    placed = None if mesh is None else NamedSharding(mesh, parallel.LEADING)
+    if placed is None or placed.is_fully_addressable:  # one process: made, then placed
+        carry = jax.jit(reset_envs, static_argnums=(0, 2, 3))(env, key, num_envs, networks)
+        if mesh is None:
+            return carry
+        return parallel.put(carry, mesh, parallel.LEADING, may_alias=False)
+    reset = jax.jit(_reset_envs_from_data, static_argnums=(0, 2, 3), out_shardings=placed)
+    # The key as host data: an input every process passes alike, as a program over several
+    # processes' devices needs.
+    return reset(env, np.asarray(jax.random.key_data(key)), num_envs, networks)
+
+
+def _reset_envs_from_data(env, key_data, num_envs: int, networks) -> EnvCarry:
+    return reset_envs(env, jax.random.wrap_key_data(key_data), num_envs, networks)
 
 
 def acting_ring(params, lag: int, seeds: bool = False):
@@ -207,6 +233,31 @@ def ended_episodes(drained: list, seed: int | None = None) -> list[tuple[float, 
     return out
 
 
+def gathered_episodes(drained: list) -> list[tuple[float, int]]:
+    """``ended_episodes`` of device ``Episodes`` (one per update) whose env axis is split over
+    several processes: each process reads its own devices' envs, and every process's ended
+    episodes are gathered and put in the order one process reads them (update, row, env)."""
+    found = []
+    for update, episodes in enumerate(drained):
+        fields = (episodes.ended, episodes.episode_return, episodes.episode_len)
+        shards = list(zip(*(x.addressable_shards for x in fields), strict=True))
+        host = jax.device_get([[s.data for s in shard] for shard in shards])
+        for (ended, returns, lengths), shard in zip(host, shards, strict=True):
+            rows, cols = np.nonzero(ended)
+            bits = np.asarray(returns, np.float32)[rows, cols].view(np.int32)
+            first = shard[0].index[-1].start or 0  # the shard's first env
+            found.append(
+                np.stack(
+                    [np.full_like(rows, update), rows, cols + first, bits, lengths[rows, cols]], 1
+                )
+            )
+    mine = np.concatenate(found).astype(np.int64) if found else np.zeros((0, 5), np.int64)
+    every = collectives.allgather_rows(mine, "the iteration's episodes")
+    every = every[np.lexsort((every[:, 2], every[:, 1], every[:, 0]))]
+    returns = every[:, 3].astype(np.int32).view(np.float32).tolist()
+    return list(zip(returns, every[:, 4].tolist(), strict=True))
+
+
 def rollout_description(spec, env) -> list | None:
     """What decides ``device_rollout(spec, env, ...)``'s trace beside the networks: the env
     (its id, params and gymnax's version), the fragment length and how actions are taken. None
@@ -300,10 +351,11 @@ class DeviceEngine:
         ``acting.policy.Policy``; ``seeds``: the envs' seed of each member. ``grouped``: the
         learner's state and replay slots carry a leading member axis (``Learner.init_group``), and
         the program maps the step over it."""
-        if jax.process_count() > 1:
+        self._processes = jax.process_count()
+        if grouped and self._processes > 1:
             raise ValueError(
-                f"environment(env={spec.env!r}): an env written in JAX trains on the devices "
-                "of one process; several processes (--num-processes) need a host env id."
+                "a group of seeds or members side by side trains on the devices of one "
+                "process; several processes (--num-processes) train one run."
             )
         self.spec = spec
         self.learner = learner
@@ -340,11 +392,12 @@ class DeviceEngine:
 
     def _reset_envs(self) -> EnvCarry:
         networks = recurrent_networks(self._policy)
+        if not self._grouped:
+            seed, mesh = self._seeds[0], self.learner.mesh
+            return initial_envs(self._env, seed, self._restores, self.num_envs, networks, mesh)
         carries = [
             initial_envs(self._env, s, self._restores, self.num_envs, networks) for s in self._seeds
         ]
-        if not self._grouped:
-            return parallel.put(carries[0], self.learner.mesh, parallel.LEADING, may_alias=False)
         stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *carries)
         return parallel.put(stacked, self.learner.mesh, P(None, LEARNER_AXIS), may_alias=False)
 
@@ -395,6 +448,11 @@ class DeviceEngine:
         """``pure_functions(spec, env, policy, learner)`` for this engine's run."""
         if self._grouped:
             raise ValueError("train_function is one run's; a group has a member axis of its own.")
+        if self._processes > 1:
+            raise ValueError(
+                "train_function builds a run in one process's program; over several processes "
+                "(--num-processes) train with train()."
+            )
         return pure_functions(self.spec, self._env, self._policy, self.learner)
 
     def counters(self, first: int, n: int) -> np.ndarray:
@@ -428,10 +486,15 @@ class DeviceEngine:
     def drain(self) -> Report:
         """Each member's episodes that ended since the last call, in the order the updates
         ran, then row by row, then env by env."""
-        drained, self._episodes = jax.device_get(self._episodes), []
-        members = range(self.members) if self._grouped else [None]
+        drained, self._episodes = self._episodes, []
+        if self._processes > 1:
+            episodes = [gathered_episodes(drained)]
+        else:
+            drained = jax.device_get(drained)
+            members = range(self.members) if self._grouped else [None]
+            episodes = [ended_episodes(drained, seed=i) for i in members]
         return Report(
-            episodes=[ended_episodes(drained, seed=i) for i in members],
+            episodes=episodes,
             timers=[self.timers.drain()],
             fault_tolerance=NO_FAULTS,
         )
