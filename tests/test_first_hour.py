@@ -88,8 +88,15 @@ def test_each_experiment_states_its_stop_as_its_goal(path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cartpole_reaches_its_goal_within_its_budget(tmp_path, capsys):
+    """`make run`, and CartPole's learning test (tests/test_learning.py holds the others): the
+    run stops at a return of 450 within 3 M env steps, as its result history shows too."""
     assert run.main(["experiments/cartpole.py", "--logdir", str(tmp_path), "--quiet"]) == 0
     assert "stopped: env_runners/episode_return_mean=" in capsys.readouterr().out
+    (history,) = tmp_path.rglob("result.json")
+    results = [json.loads(line) for line in history.read_text().splitlines()]
+    returns = [r["env_runners"].get("episode_return_mean", math.nan) for r in results]
+    assert max(r for r in returns if r == r) >= 450, returns
+    assert results[-1]["num_env_steps_sampled_lifetime"] <= 3_000_000
 
 
 # --- item 9: notebooks ------------------------------------------------------------------------

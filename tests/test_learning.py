@@ -1,4 +1,7 @@
-"""Learning tests: a broken V-trace can pass every unit test and only stop learning."""
+"""Learning tests: a broken V-trace can pass every unit test and only stop learning.
+
+CartPole's own run to 450 (experiments/cartpole.py through the CLI, as `make run`) is
+tests/test_first_hour.py::test_cartpole_reaches_its_goal_within_its_budget."""
 
 from __future__ import annotations
 
@@ -42,21 +45,6 @@ def train_until(config, key, threshold, max_steps, kill_every=None, min_restarts
 
                 for group in runner.groups:
                     group.env.send = broken
-
-
-@pytest.mark.timeout(240)
-@pytest.mark.slow
-def test_cartpole_learns():
-    config = experiment("cartpole")
-    best, result = train_until(config, "episode_return_mean", 300, 3_000_000)
-    assert best >= 300, result["env_runners"]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_cartpole_reaches_450():
-    best, result = train_until(experiment("cartpole"), "episode_return_mean", 450, 5_000_000)
-    assert best >= 450, result["env_runners"]
 
 
 @pytest.mark.slow
@@ -153,9 +141,12 @@ def test_stateless_cartpole_needs_the_lstm_to_reach_350():
     config = experiment("stateless_cartpole")
     best, result = train_until(config, "episode_return_mean", 350, 2_000_000)
     assert best >= 350, result["env_runners"]
+    # The same settings without the LSTM, for as many env steps as the LSTM needed: the
+    # comparison the test's name makes, without running out the 2 M budget to show a plateau.
+    lstm_steps = result["num_env_steps_sampled_lifetime"]
     model = {**config.model_config, "use_lstm": False}
     feedforward = config.copy().rl_module(model_config=model)
-    best, result = train_until(feedforward, "episode_return_mean", 350, 2_000_000)
+    best, result = train_until(feedforward, "episode_return_mean", 350, lstm_steps)
     assert best < 150, result["env_runners"]  # measured: 52.7 at best over 1.2 M env steps
 
 

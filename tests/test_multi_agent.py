@@ -82,36 +82,43 @@ def _trained(config, iterations=2):
     return algo, results
 
 
-def test_two_policies_train_with_rllib_result_keys():
+@pytest.fixture(scope="module")
+def two_policies():
+    """ma_config() built and trained for 2 iterations, shared by the tests that only read it."""
     algo, results = _trained(ma_config())
     try:
-        result = results[-1]
-        runners = result["env_runners"]
-        assert set(runners["module_episode_returns_mean"]) == {"p0", "p1"}
-        assert set(runners["agent_episode_returns_mean"]) == {"0", "1"}
-        # MultiAgentCartPole pays 1 per agent step: the env return sums the agents'.
-        per_agent = sum(runners["agent_episode_returns_mean"].values())
-        assert runners["episode_return_mean"] == pytest.approx(per_agent, rel=0.5)
-        learners = result["learners"]
-        assert {"p0", "p1", "__all_modules__"} <= set(learners)
-        for pid in ("p0", "p1"):
-            assert np.isfinite(learners[pid]["total_loss"])
-            assert learners[pid]["policy_lag_mean"] >= 0  # lockstep: 0 or 1 behind
-            assert learners[pid]["num_updates_lifetime"] >= 1
-        assert result["num_env_steps_sampled_lifetime"] >= 400
-        # Inference per policy, RLlib's surface.
-        obs = np.zeros(4, np.float32)
-        action = algo.compute_single_action(obs, policy_id="p1", explore=False)
-        assert int(action) in (0, 1)
-        assert algo.get_module("p0") is not None and algo.get_module("nope") is None
-        out = algo.get_module("p0").forward_inference({"obs": obs[None]})
-        assert out["action_dist_inputs"].shape == (1, 2)
-        weights = algo.get_weights()
-        assert set(weights) == {"p0", "p1"}
-        with pytest.raises(ValueError, match="policy_id"):
-            algo.compute_single_action(obs, policy_id="p7")
+        yield algo, results
     finally:
         algo.stop()
+
+
+def test_two_policies_train_with_rllib_result_keys(two_policies):
+    algo, results = two_policies
+    result = results[-1]
+    runners = result["env_runners"]
+    assert set(runners["module_episode_returns_mean"]) == {"p0", "p1"}
+    assert set(runners["agent_episode_returns_mean"]) == {"0", "1"}
+    # MultiAgentCartPole pays 1 per agent step: the env return sums the agents'.
+    per_agent = sum(runners["agent_episode_returns_mean"].values())
+    assert runners["episode_return_mean"] == pytest.approx(per_agent, rel=0.5)
+    learners = result["learners"]
+    assert {"p0", "p1", "__all_modules__"} <= set(learners)
+    for pid in ("p0", "p1"):
+        assert np.isfinite(learners[pid]["total_loss"])
+        assert learners[pid]["policy_lag_mean"] >= 0  # lockstep: 0 or 1 behind
+        assert learners[pid]["num_updates_lifetime"] >= 1
+    assert result["num_env_steps_sampled_lifetime"] >= 400
+    # Inference per policy, RLlib's surface.
+    obs = np.zeros(4, np.float32)
+    action = algo.compute_single_action(obs, policy_id="p1", explore=False)
+    assert int(action) in (0, 1)
+    assert algo.get_module("p0") is not None and algo.get_module("nope") is None
+    out = algo.get_module("p0").forward_inference({"obs": obs[None]})
+    assert out["action_dist_inputs"].shape == (1, 2)
+    weights = algo.get_weights()
+    assert set(weights) == {"p0", "p1"}
+    with pytest.raises(ValueError, match="policy_id"):
+        algo.compute_single_action(obs, policy_id="p7")
 
 
 def test_a_policy_not_in_policies_to_train_never_changes():
@@ -217,7 +224,7 @@ def test_rllib_tuned_multi_agent_examples_run_with_their_import_swapped(name, tm
 
 
 @pytest.mark.parametrize("num_env_runners", [0, 1])
-def test_result_keys_are_the_schemas_and_pass_rllibs_check(num_env_runners):
+def test_result_keys_are_the_schemas_and_pass_rllibs_check(num_env_runners, request):
     """RLlib's own check of a new-stack result (ray.rllib.utils.test_utils), and the CLI's
     schema of what train() reports (cli/result_schema.py), on real multi-agent results."""
     from ray.rllib.utils.test_utils import check_train_results_new_api_stack
@@ -227,8 +234,11 @@ def test_result_keys_are_the_schemas_and_pass_rllibs_check(num_env_runners):
 
     config = ma_config(num_env_runners=num_env_runners)
     schema = result_schema.result_schema(config)
-    with config.build() as algo:
-        results = [algo.train() for _ in range(2)]
+    if num_env_runners == 0:  # ma_config() itself
+        _, results = request.getfixturevalue("two_policies")
+    else:
+        with config.build() as algo:
+            results = [algo.train() for _ in range(2)]
     for result in results:
         check_train_results_new_api_stack(result)
     keys = set(flatten(results[0])) | set(flatten(results[1]))

@@ -169,6 +169,7 @@ def test_two_devices_give_the_same_updates_as_one():
     results = []
     for n in (1, 2):
         stack = make_stack(3, num_devices=n, hparams={"lr": [1e-2, 1e-2, 3e-3]})
+        initial = host_state(stack)
         for u in range(2):
             metrics = stack.update(stack.put_batch(stacked(batches)), u * 100, train)
         results.append((stack.get_params(), jax.device_get(metrics), host_state(stack)))
@@ -176,7 +177,6 @@ def test_two_devices_give_the_same_updates_as_one():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), p1, p2)
     for name in ("total_loss", "gradients_default_optimizer_global_norm"):
         np.testing.assert_allclose(m1[name], m2[name], rtol=1e-5, err_msg=name)
-    initial = host_state(make_stack(3))
     for x, y in zip(initial, s2, strict=True):
         np.testing.assert_array_equal(x[1], y[1])  # not trained, on 2 devices too
     assert any(not np.array_equal(x[2], y[2]) for x, y in zip(initial, s2, strict=True))

@@ -488,27 +488,6 @@ def test_search_spaces_inside_model_config_and_schedules(ray_local, tmp_path):
     assert seen == {(24, 1e-3), (24, 2e-3), (40, 1e-3), (40, 2e-3)}
 
 
-@pytest.mark.slow
-def test_env_registered_with_impala_jax_reaches_trials(ray_local, tmp_path):
-    import gymnasium as gym
-
-    from impala_jax import register_env
-    from impala_jax.runtime.envs.env_registry import REGISTERED
-
-    register_env("cartpole_from_the_driver", lambda ctx: gym.make("CartPole-v1"))
-    try:
-        grid = _run(
-            tmp_path,
-            small().environment("cartpole_from_the_driver"),
-            stop={"training_iteration": 1},
-        )
-        (result,) = grid
-        assert result.error is None
-        assert result.metrics["num_env_steps_sampled_lifetime"] > 0
-    finally:
-        REGISTERED.pop("cartpole_from_the_driver", None)
-
-
 def test_cleanup_stops_every_thread_the_trial_started():
     import threading
     import time
@@ -529,14 +508,27 @@ def test_cleanup_stops_every_thread_the_trial_started():
 @pytest.mark.slow
 def test_a_bad_value_in_a_dict_param_space_fails_its_trial_naming_the_field(ray_local, tmp_path):
     # RLlib users hand Tune a plain dict; one grid point holds an invalid lr. That trial fails
-    # with impala_jax's validation message (field, value, fix); the other trains.
-    space = dict(small().to_dict(), lr=tune.grid_search([1e-3, -1.0]))
-    grid = _run(tmp_path, space, stop={"training_iteration": 1})
+    # with impala_jax's validation message (field, value, fix); the other trains, on an env
+    # registered with impala_jax in the driver (the registry reaches the trials).
+    import gymnasium as gym
+
+    from impala_jax import register_env
+    from impala_jax.runtime.envs.env_registry import REGISTERED
+
+    register_env("cartpole_from_the_driver", lambda ctx: gym.make("CartPole-v1"))
+    try:
+        config = small().environment("cartpole_from_the_driver")
+        space = dict(config.to_dict(), lr=tune.grid_search([1e-3, -1.0]))
+        grid = _run(tmp_path, space, stop={"training_iteration": 1})
+    finally:
+        REGISTERED.pop("cartpole_from_the_driver", None)
     assert len(grid) == 2 and len(grid.errors) == 1
     message = str(grid.errors[0])
     assert "lr=-1.0: expected a float > 0" in message and ".training(lr=...)" in message
     (good,) = [r for r in grid if r.error is None]
     assert good.metrics["training_iteration"] == 1 and good.config["lr"] == 1e-3
+    assert good.metrics["num_env_steps_sampled_lifetime"] > 0
+    assert good.config["env"] == "cartpole_from_the_driver"
 
 
 def _multi_agent_mapping(agent_id, episode, **kwargs):

@@ -36,9 +36,12 @@ def example_args(**defaults):
     return parser.parse_args([])
 
 
-def train_twice(config) -> list[dict]:
+def train_twice(config, check_built=None) -> list[dict]:
+    """Two iterations of a fresh build; `check_built(algo)` first, where given."""
     algo = config.build()
     try:
+        if check_built is not None:
+            check_built(algo)
         results = [algo.train() for _ in range(2)]
     finally:
         algo.stop()
@@ -127,13 +130,12 @@ def test_tuned_stateless_cartpole_example_is_recurrent():
         )
     )
     config.env_runners(num_env_runners=args.num_env_runners)  # as RLlib's example runner does
-    results = train_twice(config)
-    assert results[-1]["learners"][DEFAULT_POLICY_ID]["num_updates_lifetime"] >= 1
-    algo = config.build()
-    try:
+
+    def recurrent(algo):
         assert algo.recurrent and set(algo.get_initial_state()) == {"lstm"}
-    finally:
-        algo.stop()
+
+    results = train_twice(config, recurrent)
+    assert results[-1]["learners"][DEFAULT_POLICY_ID]["num_updates_lifetime"] >= 1
 
 
 @pytest.mark.timeout(300)
