@@ -28,6 +28,7 @@ from impala_jax.core import hyperparams, optim
 from impala_jax.core.rollout import (
     EnvCarry,
     Episodes,
+    episode_metrics,
     make_policy_fn,
     make_rollout,
     reset_envs,
@@ -140,15 +141,32 @@ def sample_and_update_fn(rollout, step, rollouts: int, lag: int):
     return sample_and_update
 
 
+def episodes_structure(env):
+    """The tree structure of the ``Episodes`` that ``env``'s rollout returns (its episode
+    metrics' names are part of it)."""
+    names = jax.eval_shape(
+        lambda k: episode_metrics(env, jax.vmap(env.reset)(k)[1]),
+        jax.random.split(jax.random.key(0), 1),
+    )
+    return jax.tree.structure(Episodes(0, 0, 0, dict.fromkeys(names, 0)))
+
+
 def device_program(
-    rollout, learner, rollouts: int, lag: int, seeds: bool = False, description=None
+    rollout,
+    learner,
+    rollouts: int,
+    lag: int,
+    seeds: bool = False,
+    description=None,
+    episodes=None,
 ):
     """The compiled program over the learner's mesh, donating the state, the replay slots, the
     envs and the ring. ``seeds``: every input but ``env_steps`` has a leading seed axis, and the
     program maps the step over it (rllib/seed_group.py). ``description``: plain data deciding
     ``rollout`` (``rollout_description``); given, and where the learner's own step is kept on
     disk, the traced program is kept there too (program_cache), so a later process skips
-    tracing the rollout and the step."""
+    tracing the rollout and the step; ``episodes``: ``episodes_structure`` of the env (None:
+    an env without episode metrics)."""
     fn = sample_and_update_fn(rollout, learner.per_device_step, rollouts, lag)
     split, rows, replay_spec = parallel.LEADING, parallel.TIME_MAJOR, parallel.LEADING
     if seeds:
@@ -168,7 +186,7 @@ def device_program(
             split,
             ring_spec,
             replicated,
-            Episodes(rows, rows, rows),
+            Episodes(rows, rows, rows, rows),
         ),
         donate_argnums=(0, 1, 2, 3),
         check_vma=False,  # the env's own step runs inside (parallel.data_parallel)
@@ -180,7 +198,7 @@ def device_program(
         "device_step",
         [*learner.program_description, description, rollouts, lag, seeds],
         # The state, the replay slots, the envs, the ring, the metrics, the episodes.
-        outputs_like=(0, 1, 2, 3, None, jax.tree.structure(Episodes(0, 0, 0))),
+        outputs_like=(0, 1, 2, 3, None, episodes or jax.tree.structure(Episodes(0, 0, 0))),
         donate_argnums=(0, 1, 2, 3),
     )
 
@@ -192,11 +210,24 @@ def ended_episodes(drained: list, seed: int | None = None) -> list[tuple[float, 
     out = []
     for episodes in drained:
         if seed is not None:
-            episodes = Episodes(*(x[seed] for x in episodes))
+            episodes = jax.tree.map(lambda x: x[seed], episodes)
         rows, cols = np.nonzero(episodes.ended)
         returns = episodes.episode_return[rows, cols].tolist()
         out.extend(zip(returns, episodes.episode_len[rows, cols].tolist(), strict=True))
     return out
+
+
+def ended_episode_metrics(drained: list, seed: int | None = None) -> dict[str, np.ndarray]:
+    """The env's episode metrics (``Episodes.metrics``) of the episodes ``ended_episodes``
+    lists, in its order: ``{name: [episodes]}``."""
+    columns: dict[str, list] = {}
+    for episodes in drained:
+        if seed is not None:
+            episodes = jax.tree.map(lambda x: x[seed], episodes)
+        ended = np.asarray(episodes.ended, bool)
+        for name, values in episodes.metrics.items():
+            columns.setdefault(name, []).append(np.asarray(values)[ended])
+    return {name: np.concatenate(parts) for name, parts in columns.items()}
 
 
 def rollout_description(spec, env) -> list | None:
@@ -327,7 +358,11 @@ class DeviceEngine:
             self.lag,
             seeds=grouped,
             description=rollout_description(spec, env),
+            episodes=episodes_structure(env),
         )
+        # What the iteration's result derives from the means of the episode metrics (Craftax's
+        # scores), or None.
+        self.summarize_episodes = getattr(env, "summarize_episodes", None)
 
     def _reset_envs(self) -> EnvCarry:
         carries = [initial_envs(self._env, s, self._restores, self.num_envs) for s in self._seeds]
@@ -420,6 +455,7 @@ class DeviceEngine:
         members = range(self.members) if self._grouped else [None]
         return Report(
             episodes=[ended_episodes(drained, seed=i) for i in members],
+            episode_values=[ended_episode_metrics(drained, seed=i) for i in members],
             timers=[self.timers.drain()],
             fault_tolerance=NO_FAULTS,
         )
