@@ -102,14 +102,16 @@ def _direct(env, keys, actions):
     """Craftax's own reset_env and step_env, with this adapter's layout by hand: the step after
     a done step is a reset with the reset key, reward 0 and no flags."""
     raw, params = env._env, env.params
-    obs, state = raw.reset_env(keys[0], params)
+    reset_env = jax.jit(lambda k: raw.reset_env(k, params))
+    step_env = jax.jit(lambda k, s, a: raw.step_env(k, s, a, params)[:4])
+    obs, state = reset_env(keys[0])
     out, prev_done = [], False
     for t in range(len(actions)):
         if prev_done:
-            obs, state = raw.reset_env(keys[t + 1][1], params)
+            obs, state = reset_env(keys[t + 1][1])
             reward, done, time_up = 0.0, False, False
         else:
-            obs, state, reward, done, _ = raw.step_env(keys[t + 1][0], state, actions[t], params)
+            obs, state, reward, done = step_env(keys[t + 1][0], state, actions[t])
             time_up = bool(state.timestep >= params.max_timesteps) and not bool(
                 state.player_health <= 0
             )

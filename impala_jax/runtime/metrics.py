@@ -93,12 +93,14 @@ class EpisodeStats:
 
     def get_state(self) -> dict:
         """The smoothing window and the lifetime count, as JSON (a checkpoint's counters)."""
-        return {
+        state = {
             "returns": [float(x) for x in self._returns],
             "lengths": [int(x) for x in self._lengths],
             "num_episodes_lifetime": self.num_episodes_lifetime,
-            "values": {k: list(v) for k, v in self._values.items()},
         }
+        if self._values:  # an env's own episode values (absent from older checkpoints)
+            state["values"] = {k: list(v) for k, v in self._values.items()}
+        return state
 
     def set_state(self, state: dict) -> None:
         self._returns.clear()
