@@ -31,7 +31,8 @@ class JaxEnv(Protocol):
     An env may also define ``episode_metrics(state) -> dict[str, jax.Array]``: scalars of one
     env's state at the end of an episode (the state its final step returned), which
     ``step_envs`` records in ``Episodes.metrics`` (Craftax's achievements:
-    runtime/envs/craftax_envs.py).
+    runtime/envs/craftax_envs.py), and ``summarize_episodes(means) -> dict``, on the host,
+    what the results derive from their means (runtime/metrics.py's ``EpisodeStats``).
     """
 
     def reset(self, key: jax.Array) -> tuple[jax.Array, Any]: ...
