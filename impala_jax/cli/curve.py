@@ -32,9 +32,12 @@ STEPS_KEY = "num_env_steps_sampled_lifetime"
 # RLlib's spelling of the same count (its example scripts' step budget).
 RUNNER_STEPS_KEY = "env_runners/num_env_steps_sampled_lifetime"
 
-# A point: (env steps, return mean, return min, return max, evaluation return mean); NaN where
-# a result has no such number.
-Point = tuple[float, float, float, float, float]
+# A score an env reports beside its return (Craftax's, runtime/envs/craftax_envs.py), drawn on
+# a second axis.
+SCORE_KEY = "env_runners/crafter_score"
+# A point: (env steps, return mean, return min, return max, evaluation return mean[, score]);
+# NaN where a result has no such number.
+Point = tuple[float, ...]
 
 
 def step_budget(stop: Mapping[str, Any]) -> float | None:
@@ -71,8 +74,24 @@ def plot_curve(ax, points: list[Point], stop: Mapping[str, Any] | None = None) -
     ax.set_xlabel("env steps sampled")
     ax.set_ylabel("return")
     ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    scores = [p[5] if len(p) > 5 else math.nan for p in points]
+    twin = None
+    if any(math.isfinite(s) for s in scores):
+        twin = ax.twinx()
+        twin.plot(steps, scores, color="tab:green", label="Crafter score (%)")
+        twin.set_ylabel("Crafter score (%)")
+        more, more_labels = twin.get_legend_handles_labels()
+        handles, labels = handles + more, labels + more_labels
     # Outside the axes, on the right: over the axes it covers a curve that ends anywhere.
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", borderaxespad=0)
+    ax.legend(
+        handles,
+        labels,
+        loc="upper left",
+        bbox_to_anchor=(1.01 if twin is None else 1.1, 1.0),  # past the twin's tick labels
+        fontsize="small",
+        borderaxespad=0,
+    )
 
 
 def figure_class():

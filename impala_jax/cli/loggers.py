@@ -288,7 +288,7 @@ class CurvePlotter:
         mean = get(RETURN_KEY)
         low, high = get("env_runners/episode_return_min"), get("env_runners/episode_return_max")
         evaluation = get("evaluation/" + RETURN_KEY)
-        self._points.append((steps, mean, low, high, evaluation))
+        self._points.append((steps, mean, low, high, evaluation, get(curve.SCORE_KEY)))
         self._dirty = True
         self._send({"point": self._points[-1]})
 

@@ -32,7 +32,14 @@ from impala_jax.core.types import Trajectory, with_bootstrap
 
 
 class JaxEnv(Protocol):
-    """One env as pure functions (no autoreset); ``action`` is already the env's action."""
+    """One env as pure functions (no autoreset); ``action`` is already the env's action.
+
+    An env may also define ``episode_metrics(state) -> dict[str, jax.Array]``: scalars of one
+    env's state at the end of an episode (the state its final step returned), which
+    ``step_envs`` records in ``Episodes.metrics`` (Craftax's achievements:
+    runtime/envs/craftax_envs.py), and ``summarize_episodes(means) -> dict``, on the host,
+    what the results derive from their means (runtime/metrics.py's ``EpisodeStats``).
+    """
 
     def reset(self, key: jax.Array) -> tuple[jax.Array, Any]: ...
 
@@ -60,6 +67,15 @@ class Episodes(NamedTuple):
     ended: jax.Array  # bool: an episode ended at this row's step
     episode_return: jax.Array  # float32: its return (0 where not ended)
     episode_len: jax.Array  # int32: its length (0 where not ended)
+    # The env's ``episode_metrics`` of its final state, each [T, B] (0 where not ended); {}
+    # for an env without them.
+    metrics: dict = {}
+
+
+def episode_metrics(env: JaxEnv, state: Any) -> dict:
+    """``env.episode_metrics`` of a batch of states (leading axis ``B``); {} without them."""
+    metrics = getattr(env, "episode_metrics", None)
+    return {} if metrics is None else jax.vmap(metrics)(state)
 
 
 def reset_envs(env: JaxEnv, key: jax.Array, num_envs: int, networks=None) -> EnvCarry:
@@ -97,26 +113,43 @@ def step_envs(
     neither flag, and is not a step of any episode.
     """
 
-    def one(state, a, step_key, reset_key, reset):
+    def one(state, a, step_key, reset):
         obs, next_state, reward, terminated, truncated = env.step(step_key, state, a)
-        new_obs, new_state = env.reset(reset_key)
-        pick = lambda fresh, stepped: jnp.where(reset, fresh, stepped)  # noqa: E731
         return (
-            pick(new_obs, obs),
-            jax.tree.map(pick, new_state, next_state),
+            obs,
+            next_state,
             jnp.where(reset, 0.0, reward).astype(jnp.float32),
             ~reset & terminated.astype(bool),
             ~reset & truncated.astype(bool),
         )
 
+    reset = carry.prev_done
     obs, state, reward, terminated, truncated = jax.vmap(one)(
-        carry.state, action, keys[:, 1], keys[:, 2], carry.prev_done
+        carry.state, action, keys[:, 1], reset
     )
+    # The envs are reset only in steps where one of them resets: the stepped values stand in
+    # otherwise, and every one is replaced by its stepped value below. A reset can cost more
+    # than a step (Craftax generates its world).
+    fresh_obs, fresh_state = jax.lax.cond(
+        jnp.any(reset),
+        lambda: jax.vmap(env.reset)(keys[:, 2]),
+        lambda: (obs, state),
+    )
+    pick = lambda fresh, stepped: jnp.where(  # noqa: E731
+        reset.reshape(reset.shape + (1,) * (stepped.ndim - 1)), fresh, stepped
+    )
+    obs, state = pick(fresh_obs, obs), jax.tree.map(pick, fresh_state, state)
     real = ~carry.prev_done
     episode_return = carry.episode_return + reward * real
     episode_len = carry.episode_len + real.astype(jnp.int32)
     done = terminated | truncated
-    episodes = Episodes(done, jnp.where(done, episode_return, 0.0), jnp.where(done, episode_len, 0))
+    # The state an episode ended in: its final step's, before the next row resets it.
+    metrics = jax.tree.map(
+        lambda x: jnp.where(done, x, jnp.zeros_like(x)), episode_metrics(env, state)
+    )
+    episodes = Episodes(
+        done, jnp.where(done, episode_return, 0.0), jnp.where(done, episode_len, 0), metrics
+    )
     carry = carry._replace(
         state=state,
         obs=obs,

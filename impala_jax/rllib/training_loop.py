@@ -38,7 +38,9 @@ class TrainingLoop:
         self.batch_env_steps = learner.step_spec.columns * learner.num_devices * self._T
         self._sys_usage = SysUsage() if config.log_sys_usage else None
         window = config.metrics_num_episodes_for_smoothing
-        self._episodes = [EpisodeStats(window) for _ in range(engine.members)]
+        # An engine whose env derives scores from its episode metrics (DeviceEngine's).
+        summarize = getattr(engine, "summarize_episodes", None)
+        self._episodes = [EpisodeStats(window, summarize) for _ in range(engine.members)]
         self._timers = Timers()
         self._iteration = 0
         self._time_total = 0.0
@@ -142,8 +144,11 @@ class TrainingLoop:
         self._last_lag = []
         sys_usage = self._sys_usage.result() if self._sys_usage is not None else {}
         results = []
-        for episodes, stats, learner in zip(report.episodes, self._episodes, learners, strict=True):
-            stats.add(episodes)
+        values = report.episode_values or [None] * len(report.episodes)
+        for episodes, member_values, stats, learner in zip(
+            report.episodes, values, self._episodes, learners, strict=True
+        ):
+            stats.add(episodes, member_values)
             result = train_result(
                 env_runners=stats.result(len(episodes), sampled),
                 episode_metrics=report.episode_metrics,

@@ -40,6 +40,9 @@ class Report:
 
     episodes: list[list[tuple[float, int]]]  # per member: (return, length) of ended episodes
     episode_metrics: dict = field(default_factory=dict)  # what episode callbacks logged
+    # per member: {name: [episodes]}, an env's own metrics of the episodes in ``episodes``
+    # (on device: core/rollout.py's ``Episodes.metrics``); empty where an engine has none.
+    episode_values: list[dict] = field(default_factory=list)
     timers: list[dict] = field(default_factory=list)  # its threads' stage timers
     queue_size: int = 0  # batches waiting for the learner
     fault_tolerance: dict = field(default_factory=dict)  # fault_tolerance/... of the result

@@ -8,7 +8,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -63,39 +64,58 @@ def deep_merge(dst: dict, src: Mapping) -> dict:
 
 
 class EpisodeStats:
-    """The last ``window`` finished episodes (RLlib's metrics_num_episodes_for_smoothing)."""
+    """The last ``window`` finished episodes (RLlib's metrics_num_episodes_for_smoothing).
 
-    def __init__(self, window: int):
+    An env's own values of each episode (``Report.episode_values``: Craftax's achievements)
+    are reported as their means over the same window, under their names split on ``/``;
+    ``summarize(means) -> dict``, given those means and ``episode_return_mean``, adds what is
+    derived from them (Craftax's scores, runtime/envs/craftax_envs.py).
+    """
+
+    def __init__(self, window: int, summarize: Callable[[dict], dict] | None = None):
         self._returns: deque = deque(maxlen=window)
         self._lengths: deque = deque(maxlen=window)
+        self._values: dict[str, deque] = {}
+        self._summarize = summarize
         self.num_episodes_lifetime = 0
 
-    def add(self, episodes: list[tuple[float, int]]) -> None:
+    def add(
+        self, episodes: list[tuple[float, int]], values: Mapping[str, Any] | None = None
+    ) -> None:
+        """``values``: ``{name: [len(episodes)]}``, the env's values of those episodes."""
         for ret, length in episodes:
             self._returns.append(ret)
             self._lengths.append(length)
         self.num_episodes_lifetime += len(episodes)
+        for name, column in (values or {}).items():
+            kept = self._values.setdefault(name, deque(maxlen=self._returns.maxlen))
+            kept.extend(float(x) for x in np.asarray(column).reshape(-1))
 
     def get_state(self) -> dict:
         """The smoothing window and the lifetime count, as JSON (a checkpoint's counters)."""
-        return {
+        state = {
             "returns": [float(x) for x in self._returns],
             "lengths": [int(x) for x in self._lengths],
             "num_episodes_lifetime": self.num_episodes_lifetime,
         }
+        if self._values:  # an env's own episode values (absent from older checkpoints)
+            state["values"] = {k: list(v) for k, v in self._values.items()}
+        return state
 
     def set_state(self, state: dict) -> None:
         self._returns.clear()
         self._lengths.clear()
         self._returns.extend(state.get("returns", ()))
         self._lengths.extend(state.get("lengths", ()))
+        window = self._returns.maxlen
+        self._values = {k: deque(v, maxlen=window) for k, v in state.get("values", {}).items()}
         self.num_episodes_lifetime = state["num_episodes_lifetime"]
 
     def result(self, num_new: int, num_env_steps: int) -> dict:
         r = np.asarray(self._returns, np.float64)
         n = np.asarray(self._lengths, np.float64)
         nan = float("nan")
-        return {
+        out = {
             "episode_return_mean": float(r.mean()) if r.size else nan,
             "episode_return_min": float(r.min()) if r.size else nan,
             "episode_return_max": float(r.max()) if r.size else nan,
@@ -104,6 +124,18 @@ class EpisodeStats:
             "num_episodes_lifetime": self.num_episodes_lifetime,
             "num_env_steps_sampled": num_env_steps,
         }
+        means = {k: float(np.mean(v)) if v else nan for k, v in self._values.items()}
+        if means and self._summarize is not None:
+            means.update(
+                self._summarize({**means, "episode_return_mean": out["episode_return_mean"]})
+            )
+        for name, value in means.items():
+            *path, leaf = name.split("/")
+            node = out
+            for part in path:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        return out
 
 
 class SysUsage:

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 
+from impala_jax.runtime.envs.craftax_envs import CRAFTAX_IDS, CRAFTAX_PREFIX, CraftaxEnv
 from impala_jax.runtime.envs.jax_envs import (
     GYMNAX_PREFIX,
     adapt_jax_env,
@@ -149,9 +150,11 @@ def envpool_options(env_id: str) -> frozenset[str]:
 class EnvChoice(NamedTuple):
     """Which backend builds ``environment(env=...)``, with what, under which name."""
 
-    backend: str  # "envpool", "gymnasium" or "gymnax" (an env written in JAX, on device)
+    # "envpool", "gymnasium", or an env written in JAX, on device: "gymnax" or "craftax".
+    backend: str
     # An envpool or gymnasium id, or a creator fn(env_context); for "gymnax": "gymnax:<id>", a
-    # gymnax Environment class or instance, or the (env, params) a creator made.
+    # gymnax Environment class or instance, or the (env, params) a creator made; for
+    # "craftax": "craftax:<id>".
     target: Any
     name: str  # the user's spelling, for messages
 
@@ -240,6 +243,7 @@ def choose_env(env: Any, env_config: Mapping[str, Any] | None = None) -> EnvChoi
     1. a name given to ``register_env`` (impala_jax's, or Ray Tune's when ray is imported);
     2. ``"envpool:<id>"``: envpool's env of that id, whatever gymnasium has;
        ``"gymnax:<id>"``: gymnax's env of that id, stepped on device (runtime/envs/jax_envs.py);
+       ``"craftax:<id>"``: Craftax's, on device too (runtime/envs/craftax_envs.py);
     3. ``"pkg.module:Name"``: the class, function or object ``Name`` of that module, or
        gymnasium's ``"module:<id>"`` (import the module, which registers ``<id>``:
        ``"ale_py:ALE/Pong-v5"``);
@@ -278,6 +282,12 @@ def choose_env(env: Any, env_config: Mapping[str, Any] | None = None) -> EnvChoi
                 env, [GYMNAX_PREFIX + i for i in gymnax_ids()], "gymnax has no env of that id."
             )
         return EnvChoice("gymnax", env, env)
+    if env.startswith(CRAFTAX_PREFIX):
+        if env[len(CRAFTAX_PREFIX) :] not in CRAFTAX_IDS:
+            raise _unknown_env(
+                env, [CRAFTAX_PREFIX + i for i in CRAFTAX_IDS], "Craftax has no env of that id."
+            )
+        return EnvChoice("craftax", env, env)
     if ":" in env and env not in gym.registry:
         module, _, attr = env.partition(":")
         try:
@@ -362,20 +372,23 @@ def is_jax_env(env: Any, env_config: Mapping[str, Any] | None = None) -> bool:
     """Whether ``environment(env=..., env_config=...)`` names an env written in JAX, which
     trains on device. False for an env that does not resolve: building it says why."""
     if isinstance(env, str):
-        if env.startswith(GYMNAX_PREFIX):
+        if env.startswith((GYMNAX_PREFIX, CRAFTAX_PREFIX)):
             return True
         plain_id = ":" not in env or env in gym.registry or env.startswith(ENVPOOL_PREFIX)
         if plain_id and registered_creator(env) is None:
             return False  # an envpool or gymnasium id: nothing to import or call
     try:
-        return choose_env(env, env_config).backend == "gymnax"
+        return choose_env(env, env_config).backend in ("gymnax", "craftax")
     except ValueError:
         return False
 
 
 def make_jax_env(env: Any, env_config: Mapping[str, Any] | None = None):
-    """The ``jax_envs.GymnaxEnv`` of an env written in JAX (``is_jax_env``)."""
+    """The ``jax_envs.GymnaxEnv`` (or ``craftax_envs.CraftaxEnv``) of an env written in JAX
+    (``is_jax_env``)."""
     choice = choose_env(env, env_config)
+    if choice.backend == "craftax":
+        return CraftaxEnv(choice.target[len(CRAFTAX_PREFIX) :], env_config)
     if choice.backend != "gymnax":
         raise ValueError(f"environment(env={env!r}): not an env written in JAX.")
     return adapt_jax_env(choice.target, env_config, choice.name)

@@ -166,7 +166,7 @@ def make_gymnax_env(env_id: str):
     return env, env.default_params
 
 
-def _to_gymnasium(space, what: str, name: str) -> gym.Space:
+def to_gymnasium(space, what: str, name: str) -> gym.Space:
     kind = type(space).__name__
     if kind == "Discrete":
         return gym.spaces.Discrete(int(space.n))
@@ -190,8 +190,8 @@ class GymnaxEnv:
         check_protocol(env, name)
         self.name, self.version = name, version
         self._env, self.params = env, params
-        self.observation_space = _to_gymnasium(env.observation_space(params), "observation", name)
-        self.action_space = _to_gymnasium(env.action_space(params), "action", name)
+        self.observation_space = to_gymnasium(env.observation_space(params), "observation", name)
+        self.action_space = to_gymnasium(env.action_space(params), "action", name)
         self._check_traces()
 
     def reset(self, key):
@@ -261,7 +261,7 @@ def check_protocol(env, name: str) -> None:
         )
 
 
-def _with_config(params, env_config: Mapping[str, Any], name: str):
+def with_config(params, env_config: Mapping[str, Any], name: str):
     """``params`` with the fields ``env_config`` sets (gymnax's ``EnvParams``)."""
     if not env_config:
         return params
@@ -320,7 +320,7 @@ def adapt_jax_env(target, env_config: Mapping[str, Any] | None, name: str) -> Gy
     else:
         env = _construct(target, name) if isinstance(target, type) else target
         params, version = env.default_params, None
-    return GymnaxEnv(env, _with_config(params, env_config or {}, name), name, version)
+    return GymnaxEnv(env, with_config(params, env_config or {}, name), name, version)
 
 
 def action_map(space: gym.Space, normalize_actions: bool, clip_actions: bool) -> Callable:

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
+from impala_jax.runtime.envs.craftax_envs import CRAFTAX_PREFIX, CraftaxEnv
 from impala_jax.runtime.envs.env_registry import (
     ENVPOOL_BATCH_OPTIONS,
     ENVPOOL_PREFIX,
@@ -333,9 +334,13 @@ def make_vec_env(
     """
     env_config = env_config or {}
     choice = choose_env(env, env_config)
-    if choice.backend == "gymnax":
+    if choice.backend in ("gymnax", "craftax"):
         _check_no_thread_pool(choice.name, num_cpus)
-        return JaxVecEnv(adapt_jax_env(choice.target, env_config, choice.name), num_envs, seed)
+        if choice.backend == "craftax":
+            jax_env = CraftaxEnv(choice.target[len(CRAFTAX_PREFIX) :], env_config)
+        else:
+            jax_env = adapt_jax_env(choice.target, env_config, choice.name)
+        return JaxVecEnv(jax_env, num_envs, seed)
     if choice.backend == "envpool":
         vec = EnvpoolVecEnv(choice.target, num_envs, seed, env_config, max(1, math.ceil(num_cpus)))
         check_spaces(vec)

@@ -36,6 +36,7 @@ from impala_jax.core import hyperparams, optim
 from impala_jax.core.rollout import (
     EnvCarry,
     Episodes,
+    episode_metrics,
     make_policy_fn,
     make_rollout,
     reset_envs,
@@ -174,15 +175,32 @@ def sample_and_update_fn(rollout, step, rollouts: int, lag: int):
     return sample_and_update
 
 
+def episodes_structure(env):
+    """The tree structure of the ``Episodes`` that ``env``'s rollout returns (its episode
+    metrics' names are part of it)."""
+    names = jax.eval_shape(
+        lambda k: episode_metrics(env, jax.vmap(env.reset)(k)[1]),
+        jax.random.split(jax.random.key(0), 1),
+    )
+    return jax.tree.structure(Episodes(0, 0, 0, dict.fromkeys(names, 0)))
+
+
 def device_program(
-    rollout, learner, rollouts: int, lag: int, seeds: bool = False, description=None
+    rollout,
+    learner,
+    rollouts: int,
+    lag: int,
+    seeds: bool = False,
+    description=None,
+    episodes=None,
 ):
     """The compiled program over the learner's mesh, donating the state, the replay slots, the
     envs and the ring. ``seeds``: every input but ``env_steps`` has a leading seed axis, and the
     program maps the step over it (rllib/seed_group.py). ``description``: plain data deciding
     ``rollout`` (``rollout_description``); given, and where the learner's own step is kept on
     disk, the traced program is kept there too (program_cache), so a later process skips
-    tracing the rollout and the step."""
+    tracing the rollout and the step; ``episodes``: ``episodes_structure`` of the env (None:
+    an env without episode metrics)."""
     fn = sample_and_update_fn(rollout, learner.per_device_step, rollouts, lag)
     split, rows, replay_spec = parallel.LEADING, parallel.TIME_MAJOR, parallel.LEADING
     if seeds:
@@ -202,7 +220,7 @@ def device_program(
             split,
             ring_spec,
             replicated,
-            Episodes(rows, rows, rows),
+            Episodes(rows, rows, rows, rows),
         ),
         donate_argnums=(0, 1, 2, 3),
         check_vma=False,  # the env's own step runs inside (parallel.data_parallel)
@@ -214,7 +232,7 @@ def device_program(
         "device_step",
         [*learner.program_description, description, rollouts, lag, seeds],
         # The state, the replay slots, the envs, the ring, the metrics, the episodes.
-        outputs_like=(0, 1, 2, 3, None, jax.tree.structure(Episodes(0, 0, 0))),
+        outputs_like=(0, 1, 2, 3, None, episodes or jax.tree.structure(Episodes(0, 0, 0))),
         donate_argnums=(0, 1, 2, 3),
     )
 
@@ -226,7 +244,7 @@ def ended_episodes(drained: list, seed: int | None = None) -> list[tuple[float, 
     out = []
     for episodes in drained:
         if seed is not None:
-            episodes = Episodes(*(x[seed] for x in episodes))
+            episodes = jax.tree.map(lambda x: x[seed], episodes)
         rows, cols = np.nonzero(episodes.ended)
         returns = episodes.episode_return[rows, cols].tolist()
         out.extend(zip(returns, episodes.episode_len[rows, cols].tolist(), strict=True))
@@ -256,6 +274,19 @@ def gathered_episodes(drained: list) -> list[tuple[float, int]]:
     every = every[np.lexsort((every[:, 2], every[:, 1], every[:, 0]))]
     returns = every[:, 3].astype(np.int32).view(np.float32).tolist()
     return list(zip(returns, every[:, 4].tolist(), strict=True))
+
+
+def ended_episode_metrics(drained: list, seed: int | None = None) -> dict[str, np.ndarray]:
+    """The env's episode metrics (``Episodes.metrics``) of the episodes ``ended_episodes``
+    lists, in its order: ``{name: [episodes]}``."""
+    columns: dict[str, list] = {}
+    for episodes in drained:
+        if seed is not None:
+            episodes = jax.tree.map(lambda x: x[seed], episodes)
+        ended = np.asarray(episodes.ended, bool)
+        for name, values in episodes.metrics.items():
+            columns.setdefault(name, []).append(np.asarray(values)[ended])
+    return {name: np.concatenate(parts) for name, parts in columns.items()}
 
 
 def rollout_description(spec, env) -> list | None:
@@ -357,6 +388,12 @@ class DeviceEngine:
                 "a group of seeds or members side by side trains on the devices of one "
                 "process; several processes (--num-processes) train one run."
             )
+        if self._processes > 1 and getattr(env, "episode_metrics", None) is not None:
+            raise ValueError(
+                f"environment(env={spec.env!r}): its episode metrics (Craftax's achievements) "
+                "are gathered in one process only; train it with one process "
+                "(--num-processes 1) and its devices (num_learners)."
+            )
         self.spec = spec
         self.learner = learner
         self.members = len(seeds)
@@ -388,7 +425,11 @@ class DeviceEngine:
             self.lag,
             seeds=grouped,
             description=rollout_description(spec, env),
+            episodes=episodes_structure(env),
         )
+        # What the iteration's result derives from the means of the episode metrics (Craftax's
+        # scores), or None.
+        self.summarize_episodes = getattr(env, "summarize_episodes", None)
 
     def _reset_envs(self) -> EnvCarry:
         networks = recurrent_networks(self._policy)
@@ -487,14 +528,16 @@ class DeviceEngine:
         """Each member's episodes that ended since the last call, in the order the updates
         ran, then row by row, then env by env."""
         drained, self._episodes = self._episodes, []
-        if self._processes > 1:
-            episodes = [gathered_episodes(drained)]
+        if self._processes > 1:  # no episode metrics there (the constructor's check)
+            episodes, values = [gathered_episodes(drained)], [{}]
         else:
             drained = jax.device_get(drained)
             members = range(self.members) if self._grouped else [None]
             episodes = [ended_episodes(drained, seed=i) for i in members]
+            values = [ended_episode_metrics(drained, seed=i) for i in members]
         return Report(
             episodes=episodes,
+            episode_values=values,
             timers=[self.timers.drain()],
             fault_tolerance=NO_FAULTS,
         )
