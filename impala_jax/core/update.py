@@ -149,9 +149,24 @@ def _step_size_metrics(updates, params, lr) -> dict[str, jax.Array]:
     }
 
 
-def _feature_metrics(features: jax.Array) -> dict[str, jax.Array]:
-    """Whether the policy's encoder still tells observations apart, over the (mini)batch's
-    observations on every learner device (every row, reset and bootstrap rows too).
+def _feature_stats(features: jax.Array) -> dict[str, jax.Array]:
+    """This device's sums over a minibatch's encoder features (every row, reset and bootstrap
+    rows too), from which ``_feature_metrics`` makes the metrics once per learner step: one
+    collective per step rather than three per minibatch update (each a round trip between
+    processes over several hosts)."""
+    f = features.reshape(features.shape[0], -1).astype(jnp.float32)
+    return {
+        _FEATURE_COUNT: jnp.float32(f.shape[0]),
+        _FEATURE_SUM: jnp.sum(f, 0),
+        _FEATURE_SQUARES: jnp.sum(jnp.square(f), 0),
+        _FEATURE_MAX: jnp.max(f, 0),
+    }
+
+
+def _feature_metrics(stats: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Whether the policy's encoder still tells observations apart, per minibatch update
+    (``[U]`` each), over its observations on every learner device, from ``_feature_stats``'
+    ``[U, units]`` sums of each update.
 
     ``encoder_dead_unit_fraction``: the share of the encoder's output units that are <= 0 for
     every observation (a dead ReLU: it passes no gradient and carries nothing).
@@ -159,15 +174,22 @@ def _feature_metrics(features: jax.Array) -> dict[str, jax.Array]:
     averaged over units. Both near their limits (1 and 0) mean the policy and value see the same
     features whatever the frame: the network has gone blind (issue 17).
     """
-    f = features.reshape(features.shape[0], -1).astype(jnp.float32)
-    n, total = jax.lax.psum((jnp.float32(f.shape[0]), jnp.sum(f, 0)), LEARNER_AXIS)
-    mean = total / n
-    var = jax.lax.psum(jnp.sum(jnp.square(f - mean[None]), 0), LEARNER_AXIS) / n
-    alive = jax.lax.pmax(jnp.max(f, 0), LEARNER_AXIS) > 0.0
+    n, total, squares = jax.lax.psum(
+        (stats[_FEATURE_COUNT], stats[_FEATURE_SUM], stats[_FEATURE_SQUARES]), LEARNER_AXIS
+    )
+    alive = jax.lax.pmax(stats[_FEATURE_MAX], LEARNER_AXIS) > 0.0
+    mean = total / n[:, None]
+    var = jnp.maximum(squares / n[:, None] - jnp.square(mean), 0.0)
     return {
-        "encoder_dead_unit_fraction": 1.0 - jnp.mean(alive.astype(jnp.float32)),
-        "encoder_feature_std": jnp.mean(jnp.sqrt(var)),
+        "encoder_dead_unit_fraction": 1.0 - jnp.mean(alive.astype(jnp.float32), axis=-1),
+        "encoder_feature_std": jnp.mean(jnp.sqrt(var), axis=-1),
     }
+
+
+# _feature_stats' keys: popped from the minibatch updates' metrics, never reported.
+_FEATURE_COUNT, _FEATURE_SUM = "feature_count", "feature_sum"
+_FEATURE_SQUARES, _FEATURE_MAX = "feature_squares", "feature_max"
+_FEATURE_STATS = (_FEATURE_COUNT, _FEATURE_SUM, _FEATURE_SQUARES, _FEATURE_MAX)
 
 
 def per_device(tree):
@@ -182,17 +204,20 @@ def per_device(tree):
 
 
 def _make_loss_fn(networks, distribution, loss_spec: losses.LossSpec):
-    """``loss_fn(params, batch, coeffs) -> (loss, metrics)``: this device's share of the global
-    loss, differentiated by the minibatch update. ``coeffs``: the loss's numbers that are not
-    the spec's constants (the current entropy coefficient, traced hyperparameters)."""
+    """``loss_fn(params, batch, coeffs, total_valid) -> (loss, metrics)``: this device's share
+    of the global loss, differentiated by the minibatch update. ``coeffs``: the loss's numbers
+    that are not the spec's constants (the current entropy coefficient, traced
+    hyperparameters); ``total_valid``: the minibatch's valid rows on every device
+    (``_valid_rows_per_update``)."""
 
-    def loss_fn(params, batch: Batch, coeffs):
+    def loss_fn(params, batch: Batch, coeffs, total_valid):
         # The loss is a mean over this device's valid rows; weighting it by this device's share
         # of all valid rows makes the pmean of grads the gradient of the global mean, so N
         # devices give the same update as one device with the whole batch (and the same for
         # the global sum with loss_reduction="sum").
         valid = jnp.sum(batch.valid)
-        weight = valid / jnp.maximum(jax.lax.pmean(valid, LEARNER_AXIS), 1e-6)
+        devices = jax.lax.psum(1, LEARNER_AXIS)  # the axis size: no collective
+        weight = valid / jnp.maximum(total_valid / devices, 1e-6)  # total / devices: pmean's
         t1, b = batch.obs.shape[:2]
         if batch.core_state is not None:  # a recurrent policy (recurrent.py): one unroll
             dist_inputs, values = networks.unroll(
@@ -227,13 +252,12 @@ def _make_loss_fn(networks, distribution, loss_spec: losses.LossSpec):
         )
         # Masked means become shares of the global mean, so their pmean is the global mean;
         # RLlib's pi_loss / vf_loss are sums, beside the means.
-        total_valid = jax.lax.psum(valid, LEARNER_AXIS)
         metrics = learner_metrics.device_shares(metrics, weight, total_valid)
         # How much this minibatch update weighs when the step's updates are combined
         # (_combine_updates); popped there, never reported.
         metrics[_VALID_ROWS] = total_valid
         if features is not None:
-            metrics.update(_feature_metrics(jax.lax.stop_gradient(features)))
+            metrics.update(_feature_stats(jax.lax.stop_gradient(features)))
         max_entropy = getattr(distribution, "max_entropy", None)
         if max_entropy:  # None for a Gaussian, 0 for a one-action space: nothing to compare
             metrics["entropy_fraction_of_max"] = metrics["entropy"] / max_entropy
@@ -292,13 +316,22 @@ def _minibatch_orders(key, step_spec: StepSpec, n_cols: int) -> jax.Array:
     return order.reshape(step_spec.num_epochs * n_mb, mb)
 
 
+def _valid_rows_per_update(batch: Batch, order: jax.Array) -> jax.Array:
+    """float32 ``[U]``: the valid rows of each minibatch update's columns ``order[u]`` on every
+    learner device, one collective for the step rather than one per update."""
+    local = jnp.sum(jnp.take(batch.valid, order, axis=1), axis=(0, 2))
+    return jax.lax.psum(local, LEARNER_AXIS)
+
+
 def _make_minibatch_update(
     loss_fn, optimizer, opt_spec, step_spec, batch, coeffs, opt_values, env_steps
 ):
-    """``update((params, opt_state), cols) -> ((params, opt_state), metrics)``: one optimizer
-    step on the minibatch of ``batch``'s columns ``cols``, grads averaged over the devices."""
+    """``update((params, opt_state), (cols, total_valid)) -> ((params, opt_state), metrics)``:
+    one optimizer step on the minibatch of ``batch``'s columns ``cols`` (``total_valid`` valid
+    rows over the devices), grads averaged over the devices."""
 
-    def update(carry, cols):
+    def update(carry, xs):
+        cols, total_valid = xs
         params, opt_state = carry
         minibatch = jax.tree.map(lambda x: jnp.take(x, cols, axis=1), batch)
         # The params are replicated (unvarying over the learner axis): differentiated as
@@ -307,7 +340,7 @@ def _make_minibatch_update(
         # Adam, which is scale-invariant; wrong under RMSProp, clipping and the reported
         # norm). Cast to per-device values, each device's gradient is its own.
         local = per_device(params)
-        grads, metrics = jax.grad(loss_fn, has_aux=True)(local, minibatch, coeffs)
+        grads, metrics = jax.grad(loss_fn, has_aux=True)(local, minibatch, coeffs, total_valid)
         grads = jax.lax.pmean(grads, LEARNER_AXIS)
         metrics = dict(metrics, gradients_default_optimizer_global_norm=_global_norm(grads))
         if step_spec.log_gradients:  # static: no extra work in the program when off
@@ -351,16 +384,19 @@ def make_learner_step(
             loss_fn, optimizer, opt_spec, step_spec, batch, coeffs, opt_values, env_steps
         )
         carry = (state.params, state.opt_state)
+        totals = _valid_rows_per_update(batch, order)
         if order.shape[0] == 1 or order.shape[0] <= max_unrolled_updates:
             # Unrolled, not scanned: on CPU, conv gradients inside lax.scan run many times slower
             # (jax-ml/jax#12868; scan's unroll= does not help).
             per_update = []
             for i in range(order.shape[0]):
-                carry, update_metrics = update(carry, order[i])
+                carry, update_metrics = update(carry, (order[i], totals[i]))
                 per_update.append(update_metrics)
             metrics = jax.tree.map(lambda *xs: jnp.stack(xs), *per_update)
         else:
-            carry, metrics = jax.lax.scan(update, carry, order)
+            carry, metrics = jax.lax.scan(update, carry, (order, totals))
+        if _FEATURE_COUNT in metrics:
+            metrics.update(_feature_metrics({k: metrics.pop(k) for k in _FEATURE_STATS}))
         metrics = _combine_updates(metrics)
         params, opt_state = carry
         maxima = {
