@@ -99,7 +99,11 @@ COMMANDS = {
     ".venv/bin/ray start --address=HEAD_IP:6379 --num-cpus=16": Check(
         "not_runnable", "joins a head node on another machine (HEAD_IP)"
     ),
-    ".venv/bin/python -m impala_jax.run experiments/cartpole_sweep.py": Check("run_stopped"),
+    # Four Ray trials even for one iteration (about 265 s); the CLI's sweep path runs in
+    # test_sweep on a tiny sweep, and test_experiment loads this file's config.
+    ".venv/bin/python -m impala_jax.run experiments/cartpole_sweep.py": Check(
+        "covered", "tests/test_sweep.py::test_cli_sweep_runs_every_trial_and_restores_the_best"
+    ),
     "IMPALA_JAX_SWEEP=RUN_DIR make notebook": Check(
         "not_runnable",
         "opens a JupyterLab server; tests/test_first_hour.py::"

@@ -38,11 +38,6 @@ class SeedGroup(TrainingLoop):
                 "side need an env written in JAX ('gymnax:<id>' or a gymnax Environment). Run one "
                 "IMPALA per seed."
             )
-        if jax.process_count() > 1:
-            raise ValueError(
-                f"SeedGroup(seeds={seeds!r}) trains its seeds in one process's program; over "
-                "several processes (--num-processes) run one IMPALA per seed."
-            )
         config = config.copy()
         config.validate()
         config.freeze()
