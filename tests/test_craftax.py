@@ -153,11 +153,12 @@ def test_the_adapter_steps_as_craftax_itself_with_the_same_keys():
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_impala_on_craftax_symbolic_reports_the_achievements_and_scores():
-    """A few iterations on Craftax-Symbolic with a short time limit, so episodes end."""
+def test_impala_on_craftax_reports_the_achievements_and_scores():
+    """A few iterations on Craftax-Classic-Symbolic (the full game's program takes minutes to
+    compile; the metrics' path is the same) with a short time limit, so episodes end."""
     config = (
         IMPALAConfig()
-        .environment("craftax:Craftax-Symbolic-v1", env_config={"max_timesteps": 20})
+        .environment(CLASSIC, env_config={"max_timesteps": 20})
         .env_runners(num_env_runners=0, num_envs_per_env_runner=4, rollout_fragment_length=16)
         .training(train_batch_size_per_learner=64, lr=1e-3)
         .rl_module(model_config={"fcnet_hiddens": [16]})
@@ -169,11 +170,11 @@ def test_impala_on_craftax_symbolic_reports_the_achievements_and_scores():
     runners = results[-1]["env_runners"]
     assert runners["num_episodes_lifetime"] >= 4
     achievements = runners["achievements"]
-    assert len(achievements) == 67 and "collect_wood" in achievements
+    assert len(achievements) == 22 and "collect_wood" in achievements
     assert all(0.0 <= v <= 100.0 for v in achievements.values())
     assert runners["crafter_score"] == pytest.approx(
         crafter_score(list(achievements.values())), rel=1e-6
     )
     assert runners["episode_return_pct_of_max"] == pytest.approx(
-        100 * runners["episode_return_mean"] / 226
+        100 * runners["episode_return_mean"] / 22
     )
