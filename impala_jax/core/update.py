@@ -4,7 +4,8 @@ One step consumes a batch of ``train_batch_size_per_learner`` env steps per devi
 ``[T+1, B]``), mixes in replayed columns from the device-resident replay slots
 (``replay_proportion``), and runs ``num_epochs`` passes of minibatch updates inside the same
 compiled program (``lax.scan``, or unrolled: ``max_unrolled_updates``). Grads and metrics are
-averaged over ``LEARNER_AXIS``. runtime/learning/learner.py wraps it over the mesh and compiles it.
+averaged over ``LEARNER_AXIS``, each reduction one flat vector (``all_reduce``).
+runtime/learning/learner.py wraps it over the mesh and compiles it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 
 from impala_jax.core import finite, hyperparams, learner_metrics, losses, optim
 from impala_jax.core.types import LEARNER_AXIS, Batch, LearnerState
@@ -174,8 +176,8 @@ def _feature_metrics(stats: dict[str, jax.Array]) -> dict[str, jax.Array]:
     averaged over units. Both near their limits (1 and 0) mean the policy and value see the same
     features whatever the frame: the network has gone blind (issue 17).
     """
-    n, total, squares = jax.lax.psum(
-        (stats[_FEATURE_COUNT], stats[_FEATURE_SUM], stats[_FEATURE_SQUARES]), LEARNER_AXIS
+    n, total, squares = all_reduce(
+        (stats[_FEATURE_COUNT], stats[_FEATURE_SUM], stats[_FEATURE_SQUARES]), jax.lax.psum
     )
     alive = jax.lax.pmax(stats[_FEATURE_MAX], LEARNER_AXIS) > 0.0
     mean = total / n[:, None]
@@ -190,6 +192,15 @@ def _feature_metrics(stats: dict[str, jax.Array]) -> dict[str, jax.Array]:
 _FEATURE_COUNT, _FEATURE_SUM = "feature_count", "feature_sum"
 _FEATURE_SQUARES, _FEATURE_MAX = "feature_squares", "feature_max"
 _FEATURE_STATS = (_FEATURE_COUNT, _FEATURE_SUM, _FEATURE_SQUARES, _FEATURE_MAX)
+
+
+def all_reduce(tree, reduce=jax.lax.pmean):
+    """``reduce`` (``pmean``, ``psum`` or ``pmax``) over ``LEARNER_AXIS`` of ``tree``'s leaves
+    as one flat vector: one collective however many leaves. Between processes on CPU, XLA's
+    gloo collectives exchange a tuple leaf by leaf, about 1 ms each (benchmarks/README.md,
+    "Several processes on device"); elementwise, the result is the same."""
+    flat, unravel = ravel_pytree(tree)
+    return unravel(reduce(flat, LEARNER_AXIS))
 
 
 def per_device(tree):
@@ -341,7 +352,7 @@ def _make_minibatch_update(
         # norm). Cast to per-device values, each device's gradient is its own.
         local = per_device(params)
         grads, metrics = jax.grad(loss_fn, has_aux=True)(local, minibatch, coeffs, total_valid)
-        grads = jax.lax.pmean(grads, LEARNER_AXIS)
+        grads = all_reduce(grads)
         metrics = dict(metrics, gradients_default_optimizer_global_norm=_global_norm(grads))
         if step_spec.log_gradients:  # static: no extra work in the program when off
             for group, group_grads in grads.items():
@@ -404,8 +415,8 @@ def make_learner_step(
             for k in learner_metrics.keys_reduced_by(learner_metrics.DEVICE_MAX)
             if k in metrics
         }
-        metrics = jax.lax.pmean(metrics, LEARNER_AXIS)
-        metrics.update(jax.lax.pmax(maxima, LEARNER_AXIS))
+        metrics = all_reduce(metrics)
+        metrics.update(all_reduce(maxima, jax.lax.pmax) if maxima else {})
         metrics["curr_lr"] = optim.current_lr(opt_spec, env_steps, opt_values)
         metrics["curr_entropy_coeff"] = entropy_coeff
         metrics["num_non_finite_updates"] = optim.non_finite_count(opt_state)

@@ -255,7 +255,8 @@ def gathered_episodes(drained: list) -> tuple[list[tuple[float, int]], dict[str,
     """``ended_episodes`` and ``ended_episode_metrics`` of device ``Episodes`` (one per update)
     whose env axis is split over devices and processes: each process reads its own devices'
     envs, and every process's ended episodes are gathered and put in the order one process
-    reads them (update, row, env). Returns and metrics travel as the bits of float64s, exact."""
+    reads them (update, row, env). Returns and metrics travel as the two 32-bit words of their
+    float64 values (the collectives carry integers of up to 62 bits), so they arrive exact."""
     names = sorted(drained[0].metrics) if drained else []
     found = []
     for update, episodes in enumerate(drained):
@@ -266,18 +267,24 @@ def gathered_episodes(drained: list) -> tuple[list[tuple[float, int]], dict[str,
         for (ended, lengths, *values), shard in zip(host, shards, strict=True):
             rows, cols = np.nonzero(ended)
             first = shard[0].index[-1].start or 0  # the shard's first env
-            bits = [np.asarray(v, np.float64)[rows, cols].view(np.int64) for v in values]
+            bits = [_words(np.asarray(v)[rows, cols]) for v in values]
             where = [np.full_like(rows, update), rows, cols + first, lengths[rows, cols]]
-            found.append(np.stack([*where, *bits], 1).astype(np.int64))
-    mine = np.concatenate(found) if found else np.zeros((0, 5 + len(names)), np.int64)
+            found.append(np.concatenate([np.stack(where, 1), *bits], 1).astype(np.int64))
+    width = 4 + 2 * (1 + len(names))
+    mine = np.concatenate(found) if found else np.zeros((0, width), np.int64)
     every = collectives.allgather_rows(mine, "the iteration's episodes")
     every = every[np.lexsort((every[:, 2], every[:, 1], every[:, 0]))]
-    values = every[:, 4:].view(np.float64)
+    values = np.ascontiguousarray(every[:, 4:].astype(np.uint32)).view(np.float64)
     returns = values[:, 0].astype(np.float32).tolist()
     metrics = {name: values[:, 1 + i] for i, name in enumerate(names)}
     if drained:  # each metric in its own dtype, as ended_episode_metrics gives it
         metrics = {k: v.astype(drained[0].metrics[k].dtype) for k, v in metrics.items()}
     return list(zip(returns, every[:, 3].tolist(), strict=True)), metrics
+
+
+def _words(values: np.ndarray) -> np.ndarray:
+    """Values as the two unsigned 32-bit words of their float64s: [n, 2]."""
+    return np.asarray(values, np.float64).view(np.uint32).reshape(-1, 2)
 
 
 def ended_episode_metrics(drained: list, seed: int | None = None) -> dict[str, np.ndarray]:
