@@ -219,7 +219,7 @@ def all_reduce(tree, reduce=jax.lax.pmean):
     """``reduce`` (``pmean``, ``psum`` or ``pmax``) over ``LEARNER_AXIS`` of ``tree``'s leaves
     as one flat vector: one collective however many leaves. Between processes on CPU, XLA's
     gloo collectives exchange a tuple leaf by leaf, about 1 ms each (benchmarks/README.md,
-    "Several processes on device"); elementwise, the result is the same."""
+    "Processes"); elementwise, the result is the same."""
     flat, unravel = ravel_pytree(tree)
     return unravel(reduce(flat, LEARNER_AXIS))
 
