@@ -6,7 +6,9 @@ runner threads of 128 envs, or lockstep over 256), or two processes with one dev
 runner of 128 envs, or lockstep over 128, each). ``--parts device``: on device,
 ``experiments/cartpole_gymnax.py`` with two learner devices: one process with two forced
 devices on both cores, or two processes of one device each, each pinned to a core of its own
-(``taskset``); the same 256 envs, split over the devices, either way. Every run is the CLI from
+(``taskset``), and the same two unpinned (``device_unpinned``: the collectives' cost without a
+core's scheduler between each process's compute and its gloo thread); the same 256 envs, split
+over the devices, either way. Every run is the CLI from
 launch to exit, for a fixed training time; the rate is env steps sampled per second over the
 iterations after the first few (compilation left out), read from process 0's result.json
 (global counts). Cases alternate; ``two_vs_one_per_pair`` holds each repetition's ratio.
@@ -157,19 +159,29 @@ def main(argv=None) -> dict:
             cases[f"{name}_two_processes"] = lambda two=two: _run(HOST + two, 2, run_s)
     if "device" in args.parts:
         device_s = QUICK_DEVICE_RUN_S if args.quick else DEVICE_RUN_S
-        for name, overrides, processes, devices in (
-            ("device_one_process", DEVICE_TWO, 1, 2),
-            ("device_one_device_one_process", DEVICE_ONE, 1, 1),
-            ("device_two_processes", DEVICE_TWO, 2, 1),
+        for name, overrides, processes, devices, pinned in (
+            ("device_one_process", DEVICE_TWO, 1, 2, False),
+            ("device_one_device_one_process", DEVICE_ONE, 1, 1, False),
+            ("device_two_processes", DEVICE_TWO, 2, 1, True),
+            ("device_two_processes_unpinned", DEVICE_TWO, 2, 1, False),
         ):
-            cases[name] = lambda o=overrides, p=processes, d=devices: _missing_if_failed(
-                lambda: _run(o, p, device_s, DEVICE_EXPERIMENT, pinned=p > 1, devices=d)
+            cases[name] = lambda o=overrides, p=processes, d=devices, pin=pinned: (
+                _missing_if_failed(
+                    lambda: _run(o, p, device_s, DEVICE_EXPERIMENT, pinned=pin, devices=d)
+                )
             )
     rates = common.interleaved(cases, reps)
     summary = {}
-    pairs = [(n, n.replace("_one_process", "_two_processes")) for n in cases]
-    pairs += [("device_one_device_one_process", "device_two_processes")]
-    for one_name, two_name in pairs:
+    # (label, one process's case, two processes' case)
+    pairs = [
+        (n.replace("_one_process", ""), n, n.replace("_one_process", "_two_processes"))
+        for n in cases
+    ]
+    pairs += [
+        ("device_one_device", "device_one_device_one_process", "device_two_processes"),
+        ("device_unpinned", "device_one_process", "device_two_processes_unpinned"),
+    ]
+    for label, one_name, two_name in pairs:
         if one_name == two_name or one_name not in cases or two_name not in cases:
             continue
         ones, twos = rates[one_name], rates[two_name]
@@ -177,7 +189,7 @@ def main(argv=None) -> dict:
         ones, twos = [x for x in ones if x == x], [x for x in twos if x == x]
         if not ones or not twos:
             continue
-        summary[one_name.replace("_one_process", "")] = {
+        summary[label] = {
             "one_process_env_steps_per_s": common.median(ones),
             "two_processes_env_steps_per_s": common.median(twos),
             "two_vs_one": common.median(twos) / common.median(ones),

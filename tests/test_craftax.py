@@ -10,13 +10,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from impala_jax import IMPALAConfig
 from impala_jax.core.rollout import reset_envs, step_envs, step_keys
 from impala_jax.runtime.envs.craftax_envs import crafter_score
 from impala_jax.runtime.envs.env_registry import choose_env, is_jax_env, make_jax_env
 from impala_jax.runtime.metrics import EpisodeStats
-from impala_jax.runtime.ondevice.device_engine import ended_episode_metrics, ended_episodes
+from impala_jax.runtime.ondevice.device_engine import (
+    ended_episode_metrics,
+    ended_episodes,
+    gathered_episodes,
+)
+from impala_jax.runtime.process import collectives
 
 CLASSIC = "craftax:Craftax-Classic-Symbolic-v1"
 
@@ -73,6 +79,43 @@ def test_the_rollout_records_episode_metrics_of_the_final_state_only_where_episo
     np.testing.assert_array_equal(metrics["steps"], [3, 3, 3, 3])
     # Not ended: zeros.
     assert float(np.abs(drained[0].metrics["ones"][~drained[0].ended]).sum()) == 0.0
+
+
+def test_episodes_split_over_devices_are_gathered_in_one_device_order(monkeypatch):
+    """What several processes report (``gathered_episodes``: each reads its own devices' envs,
+    then the rows are gathered and sorted) equals one process reading all envs, metrics too:
+    here the env axis of 4 envs split over 2 devices, so env 2's episodes live on device 1 at
+    its column 0 (a wrong shard offset or order would swap them)."""
+    env, B = Counter(), 4
+    carry = reset_envs(env, jax.random.key(0), B)
+    drained = []
+    actions = np.random.default_rng(0).integers(0, 2, (2, 7, B))
+    for update in actions:
+        rows = []
+        for a in update:
+            carry, keys = step_keys(carry)
+            carry, *_, episodes = step_envs(env, carry, jnp.asarray(a, jnp.int32), keys)
+            rows.append(episodes)
+        drained.append(jax.tree.map(lambda *xs: np.stack(xs), *rows))
+    split = NamedSharding(Mesh(jax.devices()[:2], ("envs",)), PartitionSpec(None, "envs"))
+    on_devices = [jax.device_put(e, split) for e in drained]
+    assert len(on_devices[0].ended.addressable_shards) == 2
+    # The rows through the collectives' encoding, which one process skips.
+    sent = []
+
+    def allgather_rows(rows, what):
+        sent.append(rows)
+        return collectives.from_int32_words(collectives.to_int32_words(rows))
+
+    monkeypatch.setattr(collectives, "allgather_rows", allgather_rows)
+    episodes, metrics = gathered_episodes(on_devices)
+    assert episodes == ended_episodes(drained) and len(episodes) == 12
+    expected = ended_episode_metrics(drained)
+    assert sorted(metrics) == ["ones", "steps"]
+    for name in metrics:
+        np.testing.assert_array_equal(metrics[name], expected[name])
+        assert metrics[name].dtype == expected[name].dtype
+    assert len(set(metrics["ones"].tolist())) > 1  # the order is checked, not only the set
 
 
 def test_episode_stats_reduce_achievements_to_success_rates_over_the_window():

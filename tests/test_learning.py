@@ -136,18 +136,13 @@ def test_a_cnn_policy_learns_to_read_its_image_with_the_atari_settings():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_stateless_cartpole_needs_the_lstm_to_reach_350():
-    # RLlib's tuned target for its stateless CartPole IMPALA example: 350 within 2 M env steps.
+def test_an_lstm_on_the_host_reaches_350_on_stateless_cartpole():
+    """RLlib's tuned target for its stateless CartPole IMPALA example: 350 within 2 M env steps.
+    That a feedforward policy cannot: test_recurrent's cue task (the same settings without the
+    LSTM peaked at 52.7 over 1.2 M env steps here)."""
     config = experiment("stateless_cartpole")
     best, result = train_until(config, "episode_return_mean", 350, 2_000_000)
     assert best >= 350, result["env_runners"]
-    # The same settings without the LSTM, for as many env steps as the LSTM needed: the
-    # comparison the test's name makes, without running out the 2 M budget to show a plateau.
-    lstm_steps = result["num_env_steps_sampled_lifetime"]
-    model = {**config.model_config, "use_lstm": False}
-    feedforward = config.copy().rl_module(model_config=model)
-    best, result = train_until(feedforward, "episode_return_mean", 350, lstm_steps)
-    assert best < 150, result["env_runners"]  # measured: 52.7 at best over 1.2 M env steps
 
 
 @pytest.mark.slow

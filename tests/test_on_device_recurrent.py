@@ -23,6 +23,7 @@ from impala_jax.core.rollout import make_policy_fn, make_rollout, reset_envs
 from impala_jax.rllib import specs
 from impala_jax.runtime.acting.env_runner import EnvRunner, ParamStore
 from impala_jax.runtime.envs.env_registry import make_jax_env
+from tests.test_on_device import _small
 
 ENV = "gymnax:CartPole-v1"
 MODEL = {
@@ -178,28 +179,13 @@ def test_the_state_restarts_at_episode_starts_inside_a_fragment(max_seq_len):
 
 
 def _small_lstm(num_learners=0, lag=None) -> IMPALAConfig:
-    """16 envs x 20 steps on device with a small LSTM, replay and two minibatches per update."""
+    """test_on_device's small run with a small LSTM, replay, two minibatches per update and
+    evaluation."""
     return (
-        IMPALAConfig()
-        .environment(ENV)
-        .env_runners(
-            num_env_runners=0,
-            num_envs_per_env_runner=16,
-            rollout_fragment_length=20,
-            policy_lag=lag,
-        )
-        .training(
-            train_batch_size_per_learner=640 // max(1, num_learners),
-            minibatch_size=320,
-            lr=0.01,
-            replay_proportion=1.0,
-            replay_buffer_num_slots=64,
-        )
-        .learners(num_learners=num_learners)
+        _small(lag=lag, num_learners=num_learners)
+        .training(minibatch_size=320, replay_proportion=1.0, replay_buffer_num_slots=64)
         .rl_module(model_config={**MODEL, "max_seq_len": 8})
-        .reporting(min_time_s_per_iteration=0, min_sample_timesteps_per_iteration=0)
         .evaluation(evaluation_interval=2, evaluation_duration=2)
-        .debugging(seed=3)
     )
 
 

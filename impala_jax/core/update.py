@@ -4,7 +4,8 @@ One step consumes a batch of ``train_batch_size_per_learner`` env steps per devi
 ``[T+1, B]``), mixes in replayed columns from the device-resident replay slots
 (``replay_proportion``), and runs ``num_epochs`` passes of minibatch updates inside the same
 compiled program (``lax.scan``, or unrolled: ``max_unrolled_updates``). Grads and metrics are
-averaged over ``LEARNER_AXIS``. runtime/learning/learner.py wraps it over the mesh and compiles it.
+averaged over ``LEARNER_AXIS``, each reduction one flat vector (``all_reduce``).
+runtime/learning/learner.py wraps it over the mesh and compiles it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 
 from impala_jax.core import finite, hyperparams, learner_metrics, losses, optim
 from impala_jax.core.types import LEARNER_AXIS, Batch, LearnerState
@@ -166,7 +168,7 @@ def _feature_stats(features: jax.Array) -> dict[str, jax.Array]:
 def _feature_metrics(stats: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """Whether the policy's encoder still tells observations apart, per minibatch update
     (``[U]`` each), over its observations on every learner device, from ``_feature_stats``'
-    ``[U, units]`` sums of each update.
+    ``[U, units]`` statistics of each update summed (the max: maximised) over the devices.
 
     ``encoder_dead_unit_fraction``: the share of the encoder's output units that are <= 0 for
     every observation (a dead ReLU: it passes no gradient and carries nothing).
@@ -174,22 +176,52 @@ def _feature_metrics(stats: dict[str, jax.Array]) -> dict[str, jax.Array]:
     averaged over units. Both near their limits (1 and 0) mean the policy and value see the same
     features whatever the frame: the network has gone blind (issue 17).
     """
-    n, total, squares = jax.lax.psum(
-        (stats[_FEATURE_COUNT], stats[_FEATURE_SUM], stats[_FEATURE_SQUARES]), LEARNER_AXIS
-    )
-    alive = jax.lax.pmax(stats[_FEATURE_MAX], LEARNER_AXIS) > 0.0
+    n, total = stats[_FEATURE_COUNT], stats[_FEATURE_SUM]
+    alive = stats[_FEATURE_MAX] > 0.0
     mean = total / n[:, None]
-    var = jnp.maximum(squares / n[:, None] - jnp.square(mean), 0.0)
+    var = jnp.maximum(stats[_FEATURE_SQUARES] / n[:, None] - jnp.square(mean), 0.0)
     return {
         "encoder_dead_unit_fraction": 1.0 - jnp.mean(alive.astype(jnp.float32), axis=-1),
         "encoder_feature_std": jnp.mean(jnp.sqrt(var), axis=-1),
     }
 
 
+def _over_devices(metrics: dict) -> dict:
+    """The step's metrics from its minibatch updates' (``[U]`` each) over the learner devices,
+    in two collectives, one sum and one max: each metric combined over the updates
+    (``_combine_updates``), then averaged over the devices, or maximised where its reduction
+    says so; the feature metrics made from ``_feature_stats``' sums and maxima over the devices,
+    then combined over the updates."""
+    stats = {k: metrics.pop(k) for k in _FEATURE_STATS if k in metrics}
+    rows = metrics[_VALID_ROWS]  # each update's rows on every device already
+    metrics = _combine_updates(metrics)
+    device_max = learner_metrics.keys_reduced_by(learner_metrics.DEVICE_MAX)
+    top = {k: metrics.pop(k) for k in device_max if k in metrics}
+    if stats:
+        top[_FEATURE_MAX] = stats.pop(_FEATURE_MAX)
+    sums, stats = all_reduce((metrics, stats), jax.lax.psum)
+    devices = jax.lax.psum(1, LEARNER_AXIS)  # the axis size: no collective
+    metrics = {k: v / devices for k, v in sums.items()}  # pmean's own arithmetic
+    top = all_reduce(top, jax.lax.pmax) if top else {}
+    if stats:
+        stats[_FEATURE_MAX] = top.pop(_FEATURE_MAX)
+        metrics.update(_combine_updates({**_feature_metrics(stats), _VALID_ROWS: rows}))
+    return {**metrics, **top}
+
+
 # _feature_stats' keys: popped from the minibatch updates' metrics, never reported.
 _FEATURE_COUNT, _FEATURE_SUM = "feature_count", "feature_sum"
 _FEATURE_SQUARES, _FEATURE_MAX = "feature_squares", "feature_max"
 _FEATURE_STATS = (_FEATURE_COUNT, _FEATURE_SUM, _FEATURE_SQUARES, _FEATURE_MAX)
+
+
+def all_reduce(tree, reduce=jax.lax.pmean):
+    """``reduce`` (``pmean``, ``psum`` or ``pmax``) over ``LEARNER_AXIS`` of ``tree``'s leaves
+    as one flat vector: one collective however many leaves. Between processes on CPU, XLA's
+    gloo collectives exchange a tuple leaf by leaf, about 1 ms each (benchmarks/README.md,
+    "Processes"); elementwise, the result is the same."""
+    flat, unravel = ravel_pytree(tree)
+    return unravel(reduce(flat, LEARNER_AXIS))
 
 
 def per_device(tree):
@@ -341,7 +373,7 @@ def _make_minibatch_update(
         # norm). Cast to per-device values, each device's gradient is its own.
         local = per_device(params)
         grads, metrics = jax.grad(loss_fn, has_aux=True)(local, minibatch, coeffs, total_valid)
-        grads = jax.lax.pmean(grads, LEARNER_AXIS)
+        grads = all_reduce(grads)
         metrics = dict(metrics, gradients_default_optimizer_global_norm=_global_norm(grads))
         if step_spec.log_gradients:  # static: no extra work in the program when off
             for group, group_grads in grads.items():
@@ -395,17 +427,8 @@ def make_learner_step(
             metrics = jax.tree.map(lambda *xs: jnp.stack(xs), *per_update)
         else:
             carry, metrics = jax.lax.scan(update, carry, (order, totals))
-        if _FEATURE_COUNT in metrics:
-            metrics.update(_feature_metrics({k: metrics.pop(k) for k in _FEATURE_STATS}))
-        metrics = _combine_updates(metrics)
+        metrics = _over_devices(metrics)
         params, opt_state = carry
-        maxima = {
-            k: metrics.pop(k)
-            for k in learner_metrics.keys_reduced_by(learner_metrics.DEVICE_MAX)
-            if k in metrics
-        }
-        metrics = jax.lax.pmean(metrics, LEARNER_AXIS)
-        metrics.update(jax.lax.pmax(maxima, LEARNER_AXIS))
         metrics["curr_lr"] = optim.current_lr(opt_spec, env_steps, opt_values)
         metrics["curr_entropy_coeff"] = entropy_coeff
         metrics["num_non_finite_updates"] = optim.non_finite_count(opt_state)

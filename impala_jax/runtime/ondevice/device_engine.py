@@ -11,9 +11,9 @@ the batch axis. Over a member axis the same program trains a group of seeds side
 Over several processes (runtime/process/distributed.py) the learner's mesh spans every
 process's devices and the program is the same one: each process steps the envs of its own
 devices (the envs of one process's run, split: ``initial_envs``), the gradient mean runs over
-all devices, and each iteration's ended episodes are gathered from all processes in the order
-one process reads them (``gathered_episodes``), so every process reports what one process
-would.
+all devices, and each iteration's ended episodes and their env's metrics are gathered from all
+processes in the order one process reads them (``gathered_episodes``), so every process reports
+what one process would.
 
 ``policy_lag`` = k: the envs act with the params of k updates before (the params before the
 last k updates, kept in a ring on device); 0 acts with the params being updated, so every
@@ -251,29 +251,40 @@ def ended_episodes(drained: list, seed: int | None = None) -> list[tuple[float, 
     return out
 
 
-def gathered_episodes(drained: list) -> list[tuple[float, int]]:
-    """``ended_episodes`` of device ``Episodes`` (one per update) whose env axis is split over
-    several processes: each process reads its own devices' envs, and every process's ended
-    episodes are gathered and put in the order one process reads them (update, row, env)."""
+def gathered_episodes(drained: list) -> tuple[list[tuple[float, int]], dict[str, np.ndarray]]:
+    """``ended_episodes`` and ``ended_episode_metrics`` of device ``Episodes`` (one per update)
+    whose env axis is split over devices and processes: each process reads its own devices'
+    envs, and every process's ended episodes are gathered and put in the order one process
+    reads them (update, row, env). Returns and metrics travel as the two 32-bit words of their
+    float64 values (the collectives carry integers of up to 62 bits), so they arrive exact."""
+    names = sorted(drained[0].metrics) if drained else []
     found = []
     for update, episodes in enumerate(drained):
-        fields = (episodes.ended, episodes.episode_return, episodes.episode_len)
+        fields = (episodes.ended, episodes.episode_len, episodes.episode_return)
+        fields += tuple(episodes.metrics[name] for name in names)
         shards = list(zip(*(x.addressable_shards for x in fields), strict=True))
         host = jax.device_get([[s.data for s in shard] for shard in shards])
-        for (ended, returns, lengths), shard in zip(host, shards, strict=True):
+        for (ended, lengths, *values), shard in zip(host, shards, strict=True):
             rows, cols = np.nonzero(ended)
-            bits = np.asarray(returns, np.float32)[rows, cols].view(np.int32)
             first = shard[0].index[-1].start or 0  # the shard's first env
-            found.append(
-                np.stack(
-                    [np.full_like(rows, update), rows, cols + first, bits, lengths[rows, cols]], 1
-                )
-            )
-    mine = np.concatenate(found).astype(np.int64) if found else np.zeros((0, 5), np.int64)
+            bits = [_words(np.asarray(v)[rows, cols]) for v in values]
+            where = [np.full_like(rows, update), rows, cols + first, lengths[rows, cols]]
+            found.append(np.concatenate([np.stack(where, 1), *bits], 1).astype(np.int64))
+    width = 4 + 2 * (1 + len(names))
+    mine = np.concatenate(found) if found else np.zeros((0, width), np.int64)
     every = collectives.allgather_rows(mine, "the iteration's episodes")
     every = every[np.lexsort((every[:, 2], every[:, 1], every[:, 0]))]
-    returns = every[:, 3].astype(np.int32).view(np.float32).tolist()
-    return list(zip(returns, every[:, 4].tolist(), strict=True))
+    values = np.ascontiguousarray(every[:, 4:].astype(np.uint32)).view(np.float64)
+    returns = values[:, 0].astype(np.float32).tolist()
+    metrics = {name: values[:, 1 + i] for i, name in enumerate(names)}
+    if drained:  # each metric in its own dtype, as ended_episode_metrics gives it
+        metrics = {k: v.astype(drained[0].metrics[k].dtype) for k, v in metrics.items()}
+    return list(zip(returns, every[:, 3].tolist(), strict=True)), metrics
+
+
+def _words(values: np.ndarray) -> np.ndarray:
+    """Values as the two unsigned 32-bit words of their float64s: [n, 2]."""
+    return np.asarray(values, np.float64).view(np.uint32).reshape(-1, 2)
 
 
 def ended_episode_metrics(drained: list, seed: int | None = None) -> dict[str, np.ndarray]:
@@ -387,12 +398,6 @@ class DeviceEngine:
             raise ValueError(
                 "a group of seeds or members side by side trains on the devices of one "
                 "process; several processes (--num-processes) train one run."
-            )
-        if self._processes > 1 and getattr(env, "episode_metrics", None) is not None:
-            raise ValueError(
-                f"environment(env={spec.env!r}): its episode metrics (Craftax's achievements) "
-                "are gathered in one process only; train it with one process "
-                "(--num-processes 1) and its devices (num_learners)."
             )
         self.spec = spec
         self.learner = learner
@@ -528,8 +533,9 @@ class DeviceEngine:
         """Each member's episodes that ended since the last call, in the order the updates
         ran, then row by row, then env by env."""
         drained, self._episodes = self._episodes, []
-        if self._processes > 1:  # no episode metrics there (the constructor's check)
-            episodes, values = [gathered_episodes(drained)], [{}]
+        if self._processes > 1:
+            episodes, values = gathered_episodes(drained)
+            episodes, values = [episodes], [values]
         else:
             drained = jax.device_get(drained)
             members = range(self.members) if self._grouped else [None]
