@@ -15,7 +15,7 @@ GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda12)
 EXTRAS := test$(if $(GPU),$(comma)$(GPU))
 RUN_EXTRAS := $(if $(GPU),[$(GPU)])
 
-.PHONY: install run notebook test test-slow bench bench-minatar bench-pbt soak lint format clean
+.PHONY: install run notebook test test-slow test-long bench bench-minatar bench-pbt soak lint format clean
 
 install: $(STAMP)
 
@@ -44,11 +44,15 @@ notebook: $(NOTEBOOK_STAMP)
 	$(BIN)/jupyter lab notebooks
 
 test: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15
 
-# The tests `make test` leaves out: learning runs, Tune and Ray clusters, two-process runs.
+# The tests `make test` leaves out: learning runs, Tune and Ray clusters, two-process runs; all
+# but the learning runs of a minute or more (`long`), which `make test-long` runs.
 test-slow: install
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m "slow and not long" --durations=15
+
+test-long: install
+	$(BIN)/python -m pytest -q -m long --durations=15
 
 bench: install
 	$(BYTECODE)

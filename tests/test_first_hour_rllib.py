@@ -110,7 +110,8 @@ def test_num_learners_zero_is_one_device_per_process():
 
 def test_a_discrete_observation_batch_is_the_one_the_learner_compiled_for(caplog):
     with caplog.at_level(logging.WARNING, logger="impala_jax"):
-        with _small("Taxi-v3").build() as algo:
+        config = _small("Taxi-v3").reporting(min_time_s_per_iteration=0)
+        with config.build() as algo:
             assert isinstance(algo.observation_space, gym.spaces.Discrete)
             algo.train()
             algo.train()

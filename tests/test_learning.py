@@ -65,6 +65,7 @@ def test_cartpole_reaches_450_while_runners_are_killed():
     assert result["fault_tolerance"]["num_remote_worker_restarts"] >= 2
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_pendulum_beats_random():
@@ -134,6 +135,7 @@ def test_a_cnn_policy_learns_to_read_its_image_with_the_atari_settings():
     assert result["learners"]["default_policy"]["entropy_fraction_of_max"] < 0.8
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_an_lstm_on_the_host_reaches_350_on_stateless_cartpole():
@@ -145,6 +147,7 @@ def test_an_lstm_on_the_host_reaches_350_on_stateless_cartpole():
     assert best >= 350, result["env_runners"]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_an_lstm_on_device_reaches_350_on_stateless_cartpole_in_jax():
@@ -155,6 +158,7 @@ def test_an_lstm_on_device_reaches_350_on_stateless_cartpole_in_jax():
     assert best >= 350, result["env_runners"]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_policies_reach_rllibs_multi_agent_cartpole_stop():

@@ -57,6 +57,9 @@ COMMANDS = {
     "make test": Check("covered", ".ci/run"),
     "make install": Check("covered", ".ci/run"),  # `make test` makes `install` first
     "make test-slow": Check("covered", ".ci/run"),
+    "make test-long": Check(
+        "not_runnable", "about 5 minutes of learning runs by design, left out of CI's 30 minutes"
+    ),
     LINT: Check("run"),
     FORMAT: Check("run"),
     "make bench": Check("not_runnable", "runs every benchmark; it needs a machine of its own"),
