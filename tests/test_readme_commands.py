@@ -317,9 +317,18 @@ def stopped(command: str, logdir: Path) -> list[str]:
 STOPPED = [c for c, k in COMMANDS.items() if k.kind == "run_stopped"]
 
 
+# The population's one iteration: 26 s here, but in fresh-clone CI runs 150-300 s and once
+# past 600 s (2026-12-07, cause not found yet): `make test-long` runs it, CI leaves it out.
+STALLS = {".venv/bin/python -m impala_jax.run experiments/breakout_minatar_pbt.py"}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(660)
-@pytest.mark.parametrize("command", STOPPED, ids=lambda c: c.split()[3])
+@pytest.mark.parametrize(
+    "command",
+    [pytest.param(c, marks=pytest.mark.long) if c in STALLS else c for c in STOPPED],
+    ids=lambda c: c.split()[3],
+)
 def test_training_commands_run_for_one_iteration(command, tmp_path):
     # Without the suite's forced CPU devices (conftest), as in a user's shell.
     run(stopped(command, tmp_path / "runs"), ROOT, 600, XLA_FLAGS="")
