@@ -603,3 +603,24 @@ def test_minibatch_updates_combine_as_row_means_and_maxima():
         np.testing.assert_allclose(reported[name], expected, rtol=1e-5, err_msg=name)
     np.testing.assert_allclose(reported["max_rho"], max(m["max_rho"] for m in parts), rtol=1e-6)
     assert parts[0]["max_rho"] != parts[1]["max_rho"]
+
+
+def test_every_all_reduce_over_the_learner_devices_is_one_flat_vector():
+    # Between processes XLA:CPU exchanges a tuple all-reduce leaf by leaf, about 1 ms each
+    # (core/update.py all_reduce; benchmarks/README.md "Processes"): the compiled two-device
+    # step must reduce the gradients as one vector per minibatch update and the step's metrics
+    # in a fixed few, however many leaves the params and metrics have.
+    import re
+
+    learner = make_learner(2, num_epochs=2, minibatches=2)
+    batch = learner.put_batch(random_batch())
+    state, replay = learner.throwaway_copy()
+    text = learner._step.lower(state, batch, replay, jnp.zeros(2)).compile().as_text()
+    reduces = [line for line in text.splitlines() if re.search(r"all-reduce(-start)?\(", line)]
+    operands = [re.search(r"all-reduce(?:-start)?\(([^)]*)\)", line).group(1) for line in reduces]
+    assert all(o and "," not in o for o in operands), reduces  # one operand each, no tuple
+    in_loop = [line for line in reduces if "while/body" in line]
+    assert len(in_loop) == 1, reduces  # the gradients, once per minibatch update
+    assert len(reduces) <= 4, reduces  # + valid rows, the metrics' sum and their max
+    n_params = sum(x.size for x in jax.tree.leaves(learner.state.params))
+    assert re.search(rf"f32\[{n_params}\]", in_loop[0]), (n_params, in_loop)
