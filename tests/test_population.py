@@ -37,6 +37,9 @@ def _leaves(tree):
 def test_without_exploit_member_i_is_its_config_run_alone():
     config = _small().training(lr=tune.grid_search([0.003, 0.03]), entropy_coeff=0.02)
     population = Population(config, num_members=2)
+    # conftest's two CPU devices: one member on each (member_mesh), with no collective
+    assert population.mesh is not None and population.mesh.devices.size == 2
+    assert len(jax.tree.leaves(population._carry)[0].sharding.device_set) == 2
     for _ in range(3):
         results = population.train()
     assert [r["config"]["lr"] for r in results] == pytest.approx([0.003, 0.03])
@@ -249,3 +252,49 @@ def test_no_one_is_copied_before_the_burn_in_ends():
     # Regression caught: exploit_now (the burn-in) ignored.
     _, _, _, _, _, lineage = _fake_interval(1.0, exploit_now=False)
     assert not np.asarray(lineage.copied).any()
+
+
+def test_members_spread_over_devices_make_one_device_s_updates(monkeypatch):
+    # 4 members over conftest's 2 CPU devices, PBT on (copies cross devices), against the same
+    # population on one device: the same copies and hyperparameters, params to float rounding.
+    from impala_jax.runtime.ondevice import population as program
+
+    spread = _pbt_population()
+    assert spread.mesh is not None and spread.mesh.devices.size == 2
+    monkeypatch.setattr(program, "member_mesh", lambda *a, **k: None)
+    one = _pbt_population()
+    got, expected = [spread.train() for _ in range(3)], [one.train() for _ in range(3)]
+    assert spread.lineage == one.lineage and spread.lineage  # someone was copied
+    for a, b in zip(got, expected, strict=True):
+        assert [r["config"] for r in a] == [r["config"] for r in b]
+        for x, y in zip(a, b, strict=True):
+            assert x["env_runners"] == pytest.approx(y["env_runners"], rel=1e-5)
+    params = (_leaves(p._carry.state.params) for p in (spread, one))
+    for x, y in zip(*params, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_members_with_two_learner_devices_each_run_from_the_program_cache(tmp_path, monkeypatch):
+    # num_learners=2: every member data-parallel over both devices, so the members are not
+    # spread. A stored interval program is exported for 2 devices and once failed on the
+    # population's arrays, made on one ("exported for 2 devices ... called with 1").
+    from impala_jax.runtime.learning import program_cache
+
+    monkeypatch.setattr(program_cache, "directory", lambda: tmp_path)
+    config = _small().learners(num_learners=2).training(lr=tune.grid_search([0.003, 0.03]))
+    first = Population(config, num_members=2)
+    assert first.mesh is None
+    first.train()
+    second = Population(config, num_members=2)
+    assert [r["env_runners"] for r in second.train()] == [
+        r["env_runners"] for r in _first_results(config)
+    ]
+    assert second._interval.source == "loaded"
+
+
+def _first_results(config):
+    from impala_jax.runtime.learning import program_cache
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(program_cache, "directory", lambda: None)
+        return Population(config, num_members=2).train()

@@ -235,6 +235,21 @@ def per_device(tree):
     return pvary(tree, LEARNER_AXIS) if pvary is not None else tree
 
 
+def on_one_device(fn):
+    """``fn``, a per-device function for a learner of one device, with ``LEARNER_AXIS`` bound
+    by a ``vmap`` of size 1 (its collectives are then the identity) rather than by shard_map
+    over a mesh of its own: the program can sit inside a program sharded another way, a
+    population's members spread over devices (runtime/ondevice/population.py). A learner step
+    in it is ``make_learner_step(..., manual_axis=False)``'s. Arguments and results as one
+    device's shard_map would see them."""
+
+    def on_one(*args):
+        out = jax.vmap(fn, axis_name=LEARNER_AXIS)(*jax.tree.map(lambda x: x[None], args))
+        return jax.tree.map(lambda x: x[0], out)
+
+    return on_one
+
+
 def _make_loss_fn(networks, distribution, loss_spec: losses.LossSpec):
     """``loss_fn(params, batch, coeffs, total_valid) -> (loss, metrics)``: this device's share
     of the global loss, differentiated by the minibatch update. ``coeffs``: the loss's numbers
@@ -356,11 +371,12 @@ def _valid_rows_per_update(batch: Batch, order: jax.Array) -> jax.Array:
 
 
 def _make_minibatch_update(
-    loss_fn, optimizer, opt_spec, step_spec, batch, coeffs, opt_values, env_steps
+    loss_fn, optimizer, opt_spec, step_spec, batch, coeffs, opt_values, env_steps, manual_axis
 ):
     """``update((params, opt_state), (cols, total_valid)) -> ((params, opt_state), metrics)``:
     one optimizer step on the minibatch of ``batch``'s columns ``cols`` (``total_valid`` valid
-    rows over the devices), grads averaged over the devices."""
+    rows over the devices), grads averaged over the devices. ``manual_axis``: as
+    ``make_learner_step``'s."""
 
     def update(carry, xs):
         cols, total_valid = xs
@@ -371,7 +387,7 @@ def _make_minibatch_update(
         # pmean below would be a no-op on an N-times-too-large gradient (invisible under
         # Adam, which is scale-invariant; wrong under RMSProp, clipping and the reported
         # norm). Cast to per-device values, each device's gradient is its own.
-        local = per_device(params)
+        local = per_device(params) if manual_axis else params  # a vmap's axis has no types
         grads, metrics = jax.grad(loss_fn, has_aux=True)(local, minibatch, coeffs, total_valid)
         grads = all_reduce(grads)
         metrics = dict(metrics, gradients_default_optimizer_global_norm=_global_norm(grads))
@@ -390,13 +406,21 @@ def _make_minibatch_update(
 
 
 def make_learner_step(
-    networks, distribution, optimizer, opt_spec, loss_spec, step_spec, max_unrolled_updates=0
+    networks,
+    distribution,
+    optimizer,
+    opt_spec,
+    loss_spec,
+    step_spec,
+    max_unrolled_updates=0,
+    manual_axis=True,
 ):
     """Returns the per-device ``learner_step(state, batch, replay, env_steps, hparams=None)``.
 
     ``max_unrolled_updates``: up to this many minibatch updates per step run as an unrolled
     sequence, more as a ``lax.scan``. ``hparams``: traced values of some of
     core/hyperparams.py's names, read in place of the specs' (checked when traced).
+    ``manual_axis``: ``LEARNER_AXIS`` is shard_map's; False: a vmap's (``on_one_device``).
     """
     entropy_coeff_at = optim.piecewise_linear(loss_spec.entropy_coeff, "entropy_coeff")
     loss_fn = _make_loss_fn(networks, distribution, loss_spec)
@@ -413,7 +437,15 @@ def make_learner_step(
         key, perm_key = jax.random.split(state.key)
         order = _minibatch_orders(perm_key, step_spec, n_cols)
         update = _make_minibatch_update(
-            loss_fn, optimizer, opt_spec, step_spec, batch, coeffs, opt_values, env_steps
+            loss_fn,
+            optimizer,
+            opt_spec,
+            step_spec,
+            batch,
+            coeffs,
+            opt_values,
+            env_steps,
+            manual_axis,
         )
         carry = (state.params, state.opt_state)
         totals = _valid_rows_per_update(batch, order)

@@ -56,9 +56,10 @@ def _attribute(name: str) -> str:
     return "_lr_vf" if name == "lr_vf" else name
 
 
-def _pure_functions(config) -> tuple:
+def _pure_functions(config, mesh: bool = True) -> tuple:
     """``(init, updates, env steps per update, description)`` of one member's run
-    (device_engine's ``pure_functions``), built from the specs alone: no learner state, envs or
+    (device_engine's ``pure_functions``; ``mesh=False``: its learner without a mesh, for
+    members spread over devices), built from the specs alone: no learner state, envs or
     program of a run of its own. ``description``: plain data deciding the trace of a program
     made of them (program_cache), None where nothing may be kept on disk."""
     env = make_jax_env(config.env, config.env_config)
@@ -84,7 +85,7 @@ def _pure_functions(config) -> tuple:
     )
     spec = specs.device_spec(config)
     _, _, per_update = device_engine.rollout_plan(spec, learner)
-    init, updates = device_engine.pure_functions(spec, env, policy, learner)
+    init, updates = device_engine.pure_functions(spec, env, policy, learner, mesh=mesh)
     rollout = device_engine.rollout_description(spec, env)
     cached = learner.program_description is not None and rollout is not None
     description = [*learner.program_description, rollout] if cached else None
@@ -177,15 +178,22 @@ class Population:
             )
         built.validate()
         self.config = built.freeze()
-        init, updates, self.env_steps_per_update, description = _pure_functions(built)
+        self._learner_devices, _ = parallel.learner_devices(built.num_learners)
+        # The devices the members are spread over (runtime/ondevice/population.py); None: one.
+        self.mesh = program.member_mesh(num_members, len(self._learner_devices))
+        init, updates, self.env_steps_per_update, description = _pure_functions(
+            built, mesh=self.mesh is None
+        )
         self._init, self._updates = init, updates
         self.plan = self._plan(scheduler, mutations)
         self._interval = self._interval_program(updates, description)
         self._base_seed = base
         self._initial = {k: jnp.asarray(v, jnp.float32) for k, v in initial.items()}
-        keys, self._hparams, self._key = self.initial_inputs()  # the key: exploit/explore's
-        self._carry = jax.jit(jax.vmap(init))(keys)
-        self._score = jnp.full(num_members, jnp.nan, jnp.float32)
+        keys, hparams, key = self.initial_inputs()  # the key: exploit/explore's
+        score = jnp.full(num_members, jnp.nan, jnp.float32)
+        self._carry, self._hparams, self._score, self._key = program.placed(
+            (jax.jit(jax.vmap(init))(keys), hparams, score, key), self.mesh, self._learner_devices
+        )
         self.iteration = 0
         self.lineage: list[dict] = []
 
@@ -193,15 +201,18 @@ class Population:
         """One interval of every member, compiled; where ``description`` allows, its traced
         program is kept on disk (program_cache), as the learner step's is, so a later process
         skips tracing it."""
-        interval = jax.jit(program.interval_function(updates, self.plan), donate_argnums=(0,))
+        interval = jax.jit(
+            program.interval_function(updates, self.plan, self.mesh), donate_argnums=(0,)
+        )
         if description is None:
             return interval
         names = {k: 0 for k in self.names}
         lineage = program.Lineage(0, 0, 0, {k: 0 for k, _ in self.plan.mutations}, names)
+        spread = None if self.mesh is None else self.mesh.devices.size
         return program_cache.CachedProgram(
             interval,
             "population_interval",
-            [*description, self.plan, self.num_members, self.names],
+            [*description, self.plan, self.num_members, self.names, spread],
             # The carry, hparams, scores and key like their arguments; the metrics; the lineage.
             outputs_like=(0, 1, 2, 3, None, jax.tree.structure(lineage)),
             donate_argnums=(0,),
@@ -323,7 +334,8 @@ class Population:
         ``train()`` make from the start."""
         U = self.plan.updates_per_interval
         counters = self._counters_of(0, num_iterations * U).reshape(num_iterations, U, 2)
-        return program.train_function(self._init, self._updates, jnp.asarray(counters), self.plan)
+        counters = jnp.asarray(counters)
+        return program.train_function(self._init, self._updates, counters, self.plan, self.mesh)
 
     def initial_inputs(self) -> tuple:
         """``(member keys, initial hyperparameters, exploit/explore key)`` of this population."""
@@ -375,8 +387,10 @@ class Population:
             )
         restored = jax.tree.unflatten(jax.tree.structure(template), leaves)
         carry, hparams, score, key = _wrap_keys(restored, self._carry, self._key)
-        self._carry, self._hparams = carry, {k: jnp.asarray(v) for k, v in hparams.items()}
-        self._score, self._key = jnp.asarray(score), key
+        hparams = {k: jnp.asarray(v) for k, v in hparams.items()}
+        self._carry, self._hparams, self._score, self._key = program.placed(
+            (carry, hparams, jnp.asarray(score), key), self.mesh, self._learner_devices
+        )
         self.iteration, self.lineage = meta["iteration"], meta["lineage"]
 
     def stop(self) -> None:

@@ -122,8 +122,21 @@ class Learner:
             networks, distribution, self.optimizer, opt_spec, loss_spec, step_spec, unrolled
         )
         # The per-device step itself, which an on-device rollout wraps into one program with
-        # its acting (runtime/ondevice/device_engine.py).
+        # its acting (runtime/ondevice/device_engine.py); and on one device, the same step for
+        # a program with no mesh of its own (core.update.on_one_device: populations).
         self.per_device_step = step
+        self.one_device_step = None
+        if len(devices) == 1:
+            self.one_device_step = make_learner_step(
+                networks,
+                distribution,
+                self.optimizer,
+                opt_spec,
+                loss_spec,
+                step_spec,
+                unrolled,
+                manual_axis=False,
+            )
         replay_spec = parallel.LEADING if step_spec.replay_columns else ()
         self._step = parallel.data_parallel(
             step,

@@ -42,6 +42,7 @@ from impala_jax.core.rollout import (
     reset_envs,
 )
 from impala_jax.core.types import LEARNER_AXIS, LearnerState
+from impala_jax.core.update import on_one_device
 from impala_jax.runtime.acting.env_runner import ParamStore
 from impala_jax.runtime.engine import DeviceSpec, Report, Update
 from impala_jax.runtime.envs.jax_envs import action_map, check_device_actions
@@ -324,18 +325,20 @@ def counters(env_steps_per_update: int, first: int, n: int) -> np.ndarray:
     return np.stack([optim.env_steps_operand(int(t)) for t in done])
 
 
-def pure_functions(spec, env, policy, learner):
+def pure_functions(spec, env, policy, learner, mesh: bool = True):
     """``(init, updates)``, a run on device as pure functions, needing no engine nor learner
     state (``Learner(..., initial_state=False)`` will do): ``init(key) -> TrainCarry`` starts a
     run from its key; ``updates(carry, counters, hparams) -> (TrainCarry, metrics)`` makes one
     update per row of ``counters`` (``counters(...)``: the env-step counter after each), one
     ``lax.scan`` over the mesh. ``DeviceEngine.train_function`` and populations
-    (runtime/ondevice/population.py) are made of them."""
+    (runtime/ondevice/population.py) are made of them. ``mesh=False`` (a learner of one device):
+    no mesh, ``core.update.on_one_device``, for a program that shards its runs itself."""
     lag = spec.policy_lag
     num_envs, rollouts, _ = rollout_plan(spec, learner)
-    step = sample_and_update_fn(
-        device_rollout(spec, env, policy), learner.per_device_step, rollouts, lag
-    )
+    if not mesh and learner.one_device_step is None:
+        raise ValueError(f"pure_functions(mesh=False): {learner.num_devices} learner devices")
+    learner_step = learner.per_device_step if mesh else learner.one_device_step
+    step = sample_and_update_fn(device_rollout(spec, env, policy), learner_step, rollouts, lag)
     example = None
     if learner.step_spec.replay_columns:  # a host batch like the learner's: the slots' shapes
         dtype = policy.action_dtype(learner.abstract_state.params)
@@ -360,13 +363,16 @@ def pure_functions(spec, env, policy, learner):
     ring_spec = parallel.REPLICATED if lag else ()
     carry_specs = (parallel.REPLICATED, replay_spec, parallel.LEADING, ring_spec)
     replicated = parallel.REPLICATED
-    program = jax.shard_map(
-        run,
-        mesh=learner.mesh,
-        in_specs=(*carry_specs, replicated, replicated),
-        out_specs=(carry_specs, replicated),
-        check_vma=False,  # as device_program: the env's own step runs inside
-    )
+    if not mesh:
+        program = on_one_device(run)
+    else:
+        program = jax.shard_map(
+            run,
+            mesh=learner.mesh,
+            in_specs=(*carry_specs, replicated, replicated),
+            out_specs=(carry_specs, replicated),
+            check_vma=False,  # as device_program: the env's own step runs inside
+        )
 
     def init(key):
         learner_key, _ = jax.random.split(key)  # run_keys

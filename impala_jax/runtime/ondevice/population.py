@@ -12,15 +12,25 @@ the hyperparameters. It keeps its own envs, replay slots and random key, so it d
 the copied member's future.
 
 ``train`` is the whole run as one pure function (a ``lax.scan`` over intervals).
+
+Where a process has several devices and each member's learner takes one (``num_learners`` 0
+or 1), the members are spread over them (``member_mesh``): each device runs its share of the
+members' updates (a ``shard_map`` over the member axis, each member's learner without a mesh of
+its own, ``core.update.on_one_device``), with no collective inside the interval; exploit and
+explore then take members across devices. On a CPU, forced host devices (``--devices 2``) put
+one share on each core.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from impala_jax.core.pbt import exploit, explore
 
@@ -66,13 +76,65 @@ def copy_members(carry, source: jax.Array):
     return carry._replace(state=copied, ring=jax.tree.map(take, carry.ring))
 
 
-def interval_function(updates, plan: PopulationPlan):
+MEMBERS = "members"  # the mesh axis the members are spread over
+
+
+def member_mesh(num_members: int, learner_devices: int, devices=None) -> Mesh | None:
+    """The mesh the members are spread over: the most local devices (``devices``, by default
+    ``jax.local_devices()``) that divide ``num_members`` evenly; None where that is one device
+    or each member's learner has several devices of its own (then every member is data-parallel
+    over them instead)."""
+    devices = list(jax.local_devices() if devices is None else devices)
+    n = math.gcd(num_members, len(devices))
+    if learner_devices > 1 or n < 2:
+        return None
+    return Mesh(np.array(devices[:n]), (MEMBERS,))
+
+
+def place(tree, mesh: Mesh | None, by_member: bool = True):
+    """``tree``'s arrays spread over ``mesh``'s devices along their member (leading) axis, or
+    copied to each (``by_member=False``); as they are where ``mesh`` is None."""
+    if mesh is None:
+        return tree
+    spec = PartitionSpec(MEMBERS) if by_member else PartitionSpec()
+    return jax.device_put(tree, NamedSharding(mesh, spec))
+
+
+def placed(inputs: tuple, mesh: Mesh | None, learner_devices: list) -> tuple:
+    """``(carry, hparams, score, key)`` where the interval program takes them: spread by
+    member over ``mesh``; copied to every learner device where each member's learner has
+    several (a stored program is exported for all of them); as they are on one device."""
+    carry, hparams, score, key = inputs
+    if mesh is None and len(learner_devices) > 1:
+        return place(inputs, Mesh(np.array(learner_devices), (MEMBERS,)), by_member=False)
+    return (*place((carry, hparams, score), mesh), place(key, mesh, by_member=False))
+
+
+def _member_updates(updates, mesh: Mesh | None):
+    """Every member's ``updates`` (``(carry, counters, hparams) -> (carry, metrics)``, each
+    with a leading member axis but ``counters``): one vmap, or where ``mesh`` is given a vmap
+    on each device over its share of the members."""
+    members = jax.vmap(updates, in_axes=(0, None, 0))
+    if mesh is None:
+        return members
+    spread = PartitionSpec(MEMBERS)
+    return jax.shard_map(
+        members,
+        mesh=mesh,
+        in_specs=(spread, PartitionSpec(), spread),
+        out_specs=(spread, spread),
+        check_vma=False,  # as device_engine: the env's own step runs inside
+    )
+
+
+def interval_function(updates, plan: PopulationPlan, mesh: Mesh | None = None):
     """``interval(carry, hparams, score, key, counters, exploit_now) -> (carry, hparams, score,
     key, metrics, lineage)``: every member's updates over one interval (``counters``:
     ``[updates_per_interval, 2]``), then exploit/explore where ``exploit_now`` (a traced bool)
-    and the plan allow. ``score``: each member's last score, kept where no episode ended."""
+    and the plan allow. ``score``: each member's last score, kept where no episode ended.
+    ``mesh``: ``member_mesh``'s, with ``updates`` made for one device without a mesh."""
     mutations = dict(plan.mutations)
-    member_updates = jax.vmap(updates, in_axes=(0, None, 0))
+    member_updates = _member_updates(updates, mesh)
 
     def interval(carry, hparams, score, key, counters, exploit_now):
         carry, metrics = member_updates(carry, counters, hparams)
@@ -105,12 +167,13 @@ def interval_function(updates, plan: PopulationPlan):
     return interval
 
 
-def train_function(init, updates, counters, plan: PopulationPlan):
+def train_function(init, updates, counters, plan: PopulationPlan, mesh: Mesh | None = None):
     """The whole population run as one pure function: ``train(keys, hparams, key) ->
     (carry, hparams, metrics, lineage)`` for member keys ``[M]``, their hyperparameters
     (name -> ``[M]``) and the key of exploit/explore; ``counters``: ``[intervals,
-    updates_per_interval, 2]``. ``metrics`` and ``lineage`` have a leading interval axis."""
-    interval = interval_function(updates, plan)
+    updates_per_interval, 2]``. ``metrics`` and ``lineage`` have a leading interval axis.
+    ``mesh``: as ``interval_function``'s."""
+    interval = interval_function(updates, plan, mesh)
 
     def train(keys, hparams: dict[str, Any], key):
         carry = jax.vmap(init)(keys)
