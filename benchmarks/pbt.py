@@ -16,9 +16,12 @@ part in fresh processes:
 - ``tune``: the same PBT (8 members, 250 K env steps, Tune's ``PopulationBasedTraining``)
   through the project's Ray Tune path (``tune.Tuner("IMPALA", ...)``, one trial per member)
   against the one-program population, each to 1 M env steps per member, wall time from
-  launch, in 2 alternating pairs (the median of the pairs' ratios). Tune's scheduler runs asynchronously (its default, ``synch=False``): with
-  ``synch=True`` its controller spun without running a trial once they neared the stop
-  (2026-12-07, ray 2.60: ten minutes, ``pbt_policy_*.txt`` rewritten without end).
+  launch, in 2 alternating pairs (the median of the pairs' ratios). The one program runs as
+  ``--devices 2`` does, its members spread over two CPU devices (one per core); Tune runs two
+  trials at once on ``ray.init(num_cpus=2)``. Tune's scheduler runs asynchronously (its
+  default, ``synch=False``): with ``synch=True`` its controller spun without running a trial
+  once they neared the stop (2026-12-07, ray 2.60: ten minutes, ``pbt_policy_*.txt``
+  rewritten without end).
 
 A full run writes ``results/pbt.json`` and the table between the ``pbt`` markers of
 benchmarks/README.md.
@@ -172,10 +175,11 @@ def one_program_child(steps: int, launched: float) -> dict:
     return {"kind": "one_program", "wall_s_from_launch": time.time() - launched}
 
 
-def launch(args: list[str], timeout: float) -> dict:
+def launch(args: list[str], timeout: float, devices: int = 1) -> dict:
+    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     try:
         proc = common.run_python(
-            ["-m", "benchmarks.pbt", *args, "--launched", repr(time.time())], timeout
+            ["-m", "benchmarks.pbt", *args, "--launched", repr(time.time())], timeout, env
         )
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"{timeout} s", "args": args}
@@ -214,8 +218,9 @@ def tune_comparison(steps: int, pairs: int) -> list[dict]:
     for i in range(pairs):
         order = ("one-program", "tune") if i % 2 == 0 else ("tune", "one-program")
         for kind in order:
-            run = launch(["--child", kind, "--steps", str(steps)], 3600)
-            runs.append({**run, "kind": kind, "pair": i})
+            devices = 2 if kind == "one-program" else 1
+            run = launch(["--child", kind, "--steps", str(steps)], 3600, devices)
+            runs.append({**run, "kind": kind, "pair": i, "devices": devices})
             print(kind, run.get("wall_s_from_launch"), run.get("error", ""), flush=True)
     return runs
 
