@@ -17,7 +17,8 @@ before that step: IMPALA's ``episode_return_mean`` over its last 100 episodes, P
 the episodes ended in its last chunk of 65,536 env steps; mean and range over seeds), the median
 env steps/s, the median wall time from launch to the end, and for Breakout the median of the
 per-pair ratios of the wall time from launch to a return of 20. A full run writes
-``results/minatar.json`` and the table between the ``minatar`` markers of benchmarks/README.md.
+``results/minatar.json`` and the table between the ``minatar`` markers of benchmarks/README.md;
+a part (fewer games, seeds or steps) only ``results/minatar_part.json``.
 """
 
 from __future__ import annotations
@@ -200,8 +201,11 @@ def main(argv=None) -> dict:
     table = markdown(rows, steps, seeds)
     print(table)
     payload = {"steps": steps, "seeds": seeds, "rows": rows, "runs": runs}
-    common.write_result("minatar" if not args.quick else "minatar_quick", payload, args.quick)
-    if not args.quick and args.games == list(GOALS):
+    full = not args.quick and args.games == list(GOALS) and steps == STEPS and seeds == SEEDS
+    # A part (fewer games, seeds or steps) leaves the full run's file and table alone.
+    name = "minatar" if full else "minatar_quick" if args.quick else "minatar_part"
+    common.write_result(name, payload, args.quick)
+    if full:
         write_readme_table(table)
     return payload
 
