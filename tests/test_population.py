@@ -4,6 +4,7 @@ alone; PBT's exploit copies params, optimizer state and hyperparameters together
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -261,6 +262,14 @@ def test_members_spread_over_devices_make_one_device_s_updates(monkeypatch):
 
     spread = _pbt_population()
     assert spread.mesh is not None and spread.mesh.devices.size == 2
+    # Each device runs its share by hand (a shard_map over the members) and every member's
+    # learner has no mesh of its own: no nested manual axis "learner".
+    U = spread.plan.updates_per_interval
+    counters = jax.numpy.asarray(spread._counters_of(0, U))
+    interval = getattr(spread._interval, "_fn", spread._interval)
+    inputs = (spread._carry, spread._hparams, spread._score, spread._key)
+    text = interval.lower(*inputs, counters, jax.numpy.asarray(True)).as_text()
+    assert set(re.findall(r"manual_axes=\{[^}]*\}", text)) == {'manual_axes={"members"}'}
     monkeypatch.setattr(program, "member_mesh", lambda *a, **k: None)
     one = _pbt_population()
     got, expected = [spread.train() for _ in range(3)], [one.train() for _ in range(3)]

@@ -208,11 +208,11 @@ class Population:
             return interval
         names = {k: 0 for k in self.names}
         lineage = program.Lineage(0, 0, 0, {k: 0 for k, _ in self.plan.mutations}, names)
-        spread = None if self.mesh is None else self.mesh.devices.size
         return program_cache.CachedProgram(
             interval,
             "population_interval",
-            [*description, self.plan, self.num_members, self.names, spread],
+            # The arguments' shardings (spread over devices or not) are in the file's key too.
+            [*description, self.plan, self.num_members, self.names],
             # The carry, hparams, scores and key like their arguments; the metrics; the lineage.
             outputs_like=(0, 1, 2, 3, None, jax.tree.structure(lineage)),
             donate_argnums=(0,),

@@ -8,6 +8,7 @@ and the params of ``set_weights``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -118,25 +119,21 @@ class Learner:
         conv = any(len(x.shape) == 4 for x in jax.tree.leaves(self.abstract_state.params))
         cpu = devices[0].platform == "cpu"
         unrolled = MAX_UNROLLED_UPDATES_ON_CPU if cpu and conv else 0
-        step = make_learner_step(
-            networks, distribution, self.optimizer, opt_spec, loss_spec, step_spec, unrolled
+        # The step's ingredients, for the same step built for another program (one_device_step).
+        self._make_step = functools.partial(
+            make_learner_step,
+            networks,
+            distribution,
+            self.optimizer,
+            opt_spec,
+            loss_spec,
+            step_spec,
+            unrolled,
         )
+        step = self._make_step()
         # The per-device step itself, which an on-device rollout wraps into one program with
-        # its acting (runtime/ondevice/device_engine.py); and on one device, the same step for
-        # a program with no mesh of its own (core.update.on_one_device: populations).
+        # its acting (runtime/ondevice/device_engine.py).
         self.per_device_step = step
-        self.one_device_step = None
-        if len(devices) == 1:
-            self.one_device_step = make_learner_step(
-                networks,
-                distribution,
-                self.optimizer,
-                opt_spec,
-                loss_spec,
-                step_spec,
-                unrolled,
-                manual_axis=False,
-            )
         replay_spec = parallel.LEADING if step_spec.replay_columns else ()
         self._step = parallel.data_parallel(
             step,
@@ -178,6 +175,14 @@ class Learner:
             self.state, self._replay_key = init(key)
         else:
             self.state, self._replay_key = traced.lower().compile(FAST_COMPILE)(key)
+
+    def one_device_step(self):
+        """The per-device step for a program with no mesh of its own, its ``LEARNER_AXIS`` a
+        vmap's (``core.update.on_one_device``: a population's members spread over devices);
+        a learner of one device only."""
+        if self.num_devices != 1:
+            raise ValueError(f"one_device_step: this learner has {self.num_devices} devices")
+        return self._make_step(manual_axis=False)
 
     def init_group(self, keys: list, example: Batch) -> None:
         """The states of a group of runs trained side by side, each from its run's learner key

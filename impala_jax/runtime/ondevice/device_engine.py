@@ -335,9 +335,7 @@ def pure_functions(spec, env, policy, learner, mesh: bool = True):
     no mesh, ``core.update.on_one_device``, for a program that shards its runs itself."""
     lag = spec.policy_lag
     num_envs, rollouts, _ = rollout_plan(spec, learner)
-    if not mesh and learner.one_device_step is None:
-        raise ValueError(f"pure_functions(mesh=False): {learner.num_devices} learner devices")
-    learner_step = learner.per_device_step if mesh else learner.one_device_step
+    learner_step = learner.per_device_step if mesh else learner.one_device_step()
     step = sample_and_update_fn(device_rollout(spec, env, policy), learner_step, rollouts, lag)
     example = None
     if learner.step_spec.replay_columns:  # a host batch like the learner's: the slots' shapes
